@@ -1,0 +1,78 @@
+"""One errors module for eaglekb.
+
+Owns: the exception types every library function raises on bad input, and the
+one-line message format (what, where, expected, found, fix). Knows nothing about
+the task runner: runbooks turn an ``EaglekbError`` into a one-line message and a
+non-zero exit; the library only raises.
+
+Each exception subclasses a built-in so callers that catch ``ValueError`` or
+``FileNotFoundError`` keep working.
+"""
+
+from __future__ import annotations
+
+
+class EaglekbError(Exception):
+    """Base class: a message that fits on one line and names what, where, expected, found."""
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        where: str | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+        fix: str | None = None,
+    ) -> None:
+        self.what = what
+        self.where = where
+        self.expected = expected
+        self.found = found
+        self.fix = fix
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        parts = [self.what]
+        if self.where:
+            parts.append(f"in {self.where}")
+        if self.expected is not None:
+            parts.append(f"expected {self.expected}")
+        if self.found is not None:
+            parts.append(f"found {self.found}")
+        if self.fix:
+            parts.append(f"fix: {self.fix}")
+        # One line, always: newlines in found values would break the contract.
+        return ": ".join(parts[:1]) + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.line().replace("\n", " ")
+
+
+class BadInput(EaglekbError, ValueError):
+    """A value given by the user is out of range, malformed, or inconsistent."""
+
+
+class SchemaError(EaglekbError, ValueError):
+    """A file (baseline JSON, config.json, mapping) does not match its schema."""
+
+
+class MissingFile(EaglekbError, FileNotFoundError):
+    """A file or folder the command needs does not exist."""
+
+
+class IntegrityError(EaglekbError, ValueError):
+    """Content is corrupt or does not match a pinned hash."""
+
+
+class Incompatible(EaglekbError, ValueError):
+    """Two artefacts (drafter and target, two mappings) cannot be used together."""
+
+
+class Unavailable(EaglekbError, RuntimeError):
+    """A resource (model hub, server, package, GPU) cannot be reached here."""
+
+
+class DocsError(EaglekbError, ValueError):
+    """A docs page cites a baseline or finding that does not exist, or uses an unknown placeholder."""
