@@ -1,0 +1,243 @@
+"""MkDocs build hooks: render baselines/ JSON into the site and fail on bad citations.
+
+Numbers on the site come only from baselines/*.json. Pages use placeholders
+that these hooks replace; an unknown placeholder, a baseline id that does not
+exist, a metric that is not in the baseline, or a finding without evidence
+stops the build with one line (PluginError).
+
+Placeholders (in any Markdown page):
+  {{ metric KIND/NAME PATH }}   one metric, formatted, with its spread
+  {{ cite KIND/NAME }}          a link to the baseline's page
+  {{ table KIND/NAME }}         the baseline's metric table
+  {{ plot KIND/NAME [SERIES] }} an SVG plot generated at build time
+  {{ finding ID }}              a link to a finding with its status
+  {{ baselines_index }}         every baseline, linked
+  {{ findings_index }}          every finding with status and evidence
+  {{ commands }}                every invoke task with its options (from tasks.py)
+  {{ schema }}                  the baseline schema reference
+  {{ version }}                 eaglekb version and the git commit of baselines/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+os.environ.setdefault("EAGLEKB_ROOT", str(ROOT))
+
+from eaglekb import __version__, baselines as bl, knowledge, render  # noqa: E402
+from eaglekb.errors import EaglekbError  # noqa: E402
+
+PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)((?:\s+[^\s{}]+)*)\s*\}\}")
+STATE: dict = {}
+
+
+def _fail(exc: EaglekbError | str) -> PluginError:
+    return PluginError(f"eaglekb: {exc.line() if isinstance(exc, EaglekbError) else exc}")
+
+
+def on_config(config):
+    try:
+        STATE["baselines"] = bl.load_all(ROOT)
+        STATE["findings"] = knowledge.load_findings(Path(config["docs_dir"]) / "findings")
+        knowledge.check_evidence(STATE["findings"], STATE["baselines"])
+    except EaglekbError as exc:
+        raise _fail(exc) from None
+    STATE["plots"] = {}
+    return config
+
+
+def _page_path(bid: str) -> str:
+    return f"baselines/{bid}.md"
+
+
+def _plot_path(bid: str, series: str | None) -> str:
+    slug = bid.replace("/", "-") + (f"-{series}" if series else "")
+    return f"assets/plots/{slug}.svg"
+
+
+def _plot_svg(baseline, series: str | None) -> str:
+    if series:
+        if series not in baseline.series:
+            raise EaglekbError("series not found", where=baseline.id, expected=", ".join(baseline.series) or "none", found=series)
+        return render.series_svg(baseline, series)
+    if baseline.kind == "plan":
+        return render.viability_svg(baseline)
+    raise EaglekbError("no default plot for this kind", where=baseline.id, expected="a plan baseline or a SERIES name", found=baseline.kind)
+
+
+def _default_plots(baseline) -> list[str | None]:
+    plots: list[str | None] = list(baseline.series)
+    if baseline.kind == "plan":
+        plots.insert(0, None)
+    return plots
+
+
+def on_files(files, config):
+    try:
+        for bid, baseline in STATE["baselines"].items():
+            rels = []
+            for series in _default_plots(baseline):
+                path = _plot_path(bid, series)
+                files.append(File.generated(config, path, content=_plot_svg(baseline, series)))
+                STATE["plots"][(bid, series)] = path
+                rels.append(posixpath.relpath(path, posixpath.dirname(_page_path(bid))))
+            files.append(File.generated(config, _page_path(bid), content=render.baseline_page(baseline, rels)))
+        index = knowledge.index(STATE["findings"], STATE["baselines"])
+        files.append(File.generated(config, "knowledge.json", content=json.dumps(index, indent=2, sort_keys=True) + "\n"))
+    except EaglekbError as exc:
+        raise _fail(exc) from None
+    return files
+
+
+def _link(page_uri: str, target: str) -> str:
+    return posixpath.relpath(target, posixpath.dirname(page_uri) or ".")
+
+
+def _baseline(bid: str, where: str):
+    if bid not in STATE["baselines"]:
+        raise EaglekbError("page cites a baseline that does not exist", where=where,
+                           expected="an id listed by `invoke baselines.check`", found=bid)
+    return STATE["baselines"][bid]
+
+
+def _finding_box(f: knowledge.Finding, page_uri: str) -> str:
+    evidence = ", ".join(f"[{bid}]({_link(page_uri, _page_path(bid))})" for bid in f.evidence)
+    kind = {"confirmed": "success", "refuted": "failure", "open": "question",
+            "contested": "warning", "superseded": "note"}[f.status]
+    return "\n".join([
+        f"# {f.id}: {f.title}", "",
+        f'!!! {kind} "Status: {f.status}"',
+        f"    **Claim.** {f.claim}", "",
+        f"    **Scope.** {f.scope}", "",
+        f"    **Evidence.** {evidence}", "",
+        f"    **Reproduce.** `{f.reproduce}`", "",
+    ])
+
+
+def _findings_index(page_uri: str) -> str:
+    rows = ["| finding | status | claim | evidence |", "|---|---|---|---|"]
+    for fid, f in sorted(STATE["findings"].items()):
+        link = _link(page_uri, f"findings/{fid}.md")
+        ev = ", ".join(f"[{b}]({_link(page_uri, _page_path(b))})" for b in f.evidence)
+        rows.append(f"| [{fid}: {f.title}]({link}) | **{f.status}** | {f.claim} | {ev} |")
+    return "\n".join(rows)
+
+
+def _commands() -> str:
+    sys.path.insert(0, str(ROOT))
+    import tasks  # noqa: PLC0415 - the docs tool may import the runbooks; the library may not
+
+    out = []
+    def walk(coll, prefix):
+        for name in sorted(coll.tasks):
+            t = coll.tasks[name]
+            full = prefix + name
+            default = coll.default == name
+            title = f"invoke {prefix.rstrip('.')}" if default and prefix else f"invoke {full}"
+            out.append(f"### `{title}`\n")
+            out.append((t.__doc__ or t.body.__doc__ or "").strip() + "\n")
+            params = [p for p in t.help] if t.help else []
+            if params:
+                out.append("| option | help |\n|---|---|")
+                for p in params:
+                    out.append(f"| `--{p.replace('_', '-')}` | {t.help[p]} |")
+                out.append("")
+        for cname in sorted(coll.collections):
+            walk(coll.collections[cname], prefix + cname + ".")
+    walk(tasks.ns, "")
+    return "\n".join(out)
+
+
+def _schema() -> str:
+    units = "\n".join(f"| `{u}` | {desc} | {better} |" for u, (desc, better) in bl.UNITS.items())
+    kinds = "\n".join(f"| `{k}` | {desc} |" for k, desc in bl.KINDS.items())
+    schema = json.dumps(bl.json_schema(), indent=2, sort_keys=True)
+    return (
+        f"### Kinds\n\n| kind | holds |\n|---|---|\n{kinds}\n\n"
+        f"### Metric units\n\nEvery metric name ends in one of these suffixes.\n\n"
+        f"| suffix | unit | better by default |\n|---|---|---|\n{units}\n\n"
+        f"### JSON Schema (v{bl.SCHEMA_VERSION})\n\n```json\n{schema}\n```\n"
+    )
+
+
+def _git_commit(path: str) -> str:
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h %cs", "--", path], cwd=ROOT,
+                             capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except OSError:
+        out = ""
+    return out or "uncommitted"
+
+
+def _replace(match: re.Match, page) -> str:
+    name, args = match.group(1), match.group(2).split()
+    uri = page.file.src_uri
+    where = f"{uri}: {match.group(0)}"
+
+    def need(n):
+        if len(args) != n:
+            raise EaglekbError("placeholder takes %d argument(s)" % n, where=where, found=str(len(args)))
+
+    if name == "metric":
+        need(2)
+        return render.metric_text(_baseline(args[0], where), args[1])
+    if name == "cite":
+        need(1)
+        _baseline(args[0], where)
+        return f"[{args[0]}]({_link(uri, _page_path(args[0]))})"
+    if name == "table":
+        need(1)
+        return render.metrics_table(_baseline(args[0], where))
+    if name == "plot":
+        if len(args) not in (1, 2):
+            raise EaglekbError("placeholder takes 1 or 2 arguments", where=where, found=str(len(args)))
+        series = args[1] if len(args) == 2 else None
+        key = (args[0], series)
+        _baseline(args[0], where)
+        if key not in STATE["plots"]:
+            raise EaglekbError("no such plot", where=where, expected="a plan baseline or one of its series", found=" ".join(args))
+        return f"![{' '.join(args)}]({_link(uri, STATE['plots'][key])})"
+    if name == "finding":
+        need(1)
+        f = STATE["findings"].get(args[0])
+        if f is None:
+            raise EaglekbError("page cites a finding that does not exist", where=where,
+                               expected="one of " + ", ".join(sorted(STATE["findings"])), found=args[0])
+        return f"[{f.id}: {f.title}]({_link(uri, f'findings/{f.id}.md')}) (**{f.status}**)"
+    if name == "baselines_index":
+        need(0)
+        return render.index_table(STATE["baselines"], lambda bid: _link(uri, _page_path(bid)))
+    if name == "findings_index":
+        need(0)
+        return _findings_index(uri)
+    if name == "commands":
+        need(0)
+        return _commands()
+    if name == "schema":
+        need(0)
+        return _schema()
+    if name == "version":
+        need(0)
+        return f"eaglekb {__version__}, baselines at commit {_git_commit('baselines')}"
+    raise EaglekbError("unknown placeholder", where=where, expected="one of the names in docs/hooks/eaglekb_hooks.py", found=name)
+
+
+def on_page_markdown(markdown, page, config, files):
+    try:
+        if page.file.src_uri.startswith("findings/F"):
+            f = knowledge.parse_finding(page.meta, page.file.src_uri)
+            markdown = _finding_box(f, page.file.src_uri) + "\n" + markdown
+        return PLACEHOLDER.sub(lambda m: _replace(m, page), markdown)
+    except EaglekbError as exc:
+        raise _fail(exc) from None

@@ -1,0 +1,251 @@
+"""Render baselines as Markdown and SVG for the site, llms-full.txt and PR comments.
+
+Owns: turning ``Baseline`` objects into Markdown tables (metrics, provenance,
+noise), formatted single values, and SVG plots (matplotlib, no JavaScript,
+stable output). Knows nothing about MkDocs: the docs hooks call these functions
+and decide where the text goes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from typing import Any, Iterable
+
+from eaglekb.baselines import UNITS, Baseline, direction, flatten, unit_of
+from eaglekb.errors import DocsError
+
+
+def fmt(value: float, unit: str | None = None) -> str:
+    """A number as the site shows it: integers plain, others to 4 significant digits."""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 100):
+        text = f"{int(value):,}"
+    elif unit == "_frac":
+        text = f"{value:.4f}"
+    else:
+        text = f"{value:.4g}"
+    return text
+
+
+def metric_value(baseline: Baseline, path: str) -> float:
+    flat = flatten(baseline.metrics)
+    if path.startswith("metrics."):
+        path = path[len("metrics."):]
+    if path not in flat:
+        raise DocsError(
+            "metric not found",
+            where=f"{baseline.id}",
+            expected="one of " + ", ".join(sorted(flat)),
+            found=path,
+        )
+    return flat[path]
+
+
+def metric_text(baseline: Baseline, path: str) -> str:
+    value = metric_value(baseline, path)
+    path = path.removeprefix("metrics.")
+    unit = unit_of(path.rsplit(".", 1)[-1])
+    spread = baseline.noise.spread.get(path)
+    text = fmt(value, unit)
+    if unit == "_frac":
+        text = f"{100 * value:.1f}%"
+    if spread:
+        text += f" ±{fmt(spread / 2, unit)}" if baseline.noise.spread_kind == "reported-range" else f" (spread {fmt(spread, unit)})"
+    return text
+
+
+def _unit_label(path: str) -> str:
+    unit = unit_of(path.rsplit(".", 1)[-1])
+    return UNITS[unit][0] if unit else ""
+
+
+def metrics_table(baseline: Baseline) -> str:
+    rows = ["| metric | value | unit | better | spread | tolerance |", "|---|---|---|---|---|---|"]
+    for path, value in flatten(baseline.metrics).items():
+        unit = unit_of(path.rsplit(".", 1)[-1])
+        spread = baseline.noise.spread.get(path)
+        tol = baseline.noise.tolerance_abs.get(path)
+        tol_text = fmt(tol, unit) if tol is not None else f"{100 * baseline.noise.tolerance_rel:g}% rel"
+        rows.append(
+            f"| `{path}` | {fmt(value, unit)} | {_unit_label(path)} | {direction(baseline, path)} | "
+            f"{fmt(spread, unit) if spread is not None else '-'} | {tol_text} |"
+        )
+    return "\n".join(rows)
+
+
+def _flat_any(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(obj, dict):
+        out: list[tuple[str, Any]] = []
+        for k in sorted(obj):
+            out.extend(_flat_any(obj[k], f"{prefix}{k}."))
+        return out
+    return [(prefix.rstrip("."), obj)]
+
+
+def _cell(value: Any) -> str:
+    text = "null" if value is None else str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def kv_table(data: dict[str, Any], head: tuple[str, str] = ("field", "value")) -> str:
+    rows = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+    rows += [f"| `{k}` | {_cell(v)} |" for k, v in _flat_any(data)]
+    return "\n".join(rows)
+
+
+def provenance_block(baseline: Baseline) -> str:
+    p = baseline.provenance
+    gpus = ", ".join(g.get("name", "?") for g in p.host.gpus) or "none"
+    lines = [
+        f"- **command**: `{p.command}`",
+        f"- **git**: `{p.git_commit or 'unknown'}`" + (" (dirty)" if p.git_dirty else ""),
+        f"- **host**: {p.host.cpu} x{p.host.cpu_count}, GPUs: {gpus}"
+        + (f", driver {p.host.gpu_driver}" if p.host.gpu_driver else "")
+        + (f", CUDA {p.host.cuda}" if p.host.cuda else ""),
+        "- **versions**: " + ", ".join(f"{k} {v}" for k, v in sorted(p.versions.items()) if v),
+        f"- **created**: {baseline.created_at}",
+    ]
+    if p.env:
+        lines.append("- **environment**: " + ", ".join(f"`{k}={v}`" for k, v in sorted(p.env.items())))
+    return "\n".join(lines)
+
+
+def baseline_page(baseline: Baseline, plots: Iterable[str] = ()) -> str:
+    """The whole Markdown page of one baseline."""
+    parts = [f"# {baseline.id}", ""]
+    if baseline.summary:
+        parts += [f"**{baseline.summary}**", ""]
+    if baseline.source == "recorded" and baseline.citation:
+        c = baseline.citation
+        cite = c.document + (f", {c.section}" if c.section else "") + (f" ({c.url})" if c.url else "")
+        parts += [
+            '!!! quote "Recorded from an external report, not measured here"',
+            f"    {cite}." + (f" {c.note}." if c.note else ""),
+            "",
+        ]
+    else:
+        parts += ['!!! success "Measured by a runbook"', f"    Rerun: `{baseline.provenance.command}`", ""]
+    parts += ["## Metrics", "", metrics_table(baseline), ""]
+    for rel in plots:
+        parts += [f"![{baseline.id}]({rel})", ""]
+    parts += [
+        "## Noise",
+        "",
+        f"{baseline.noise.repeats} repeat(s); spread is {baseline.noise.spread_kind}; relative tolerance "
+        f"{100 * baseline.noise.tolerance_rel:g}%.",
+        "",
+        "## Config",
+        "",
+        kv_table(baseline.config),
+        "",
+        "## Provenance",
+        "",
+        provenance_block(baseline),
+        "",
+        f"Source file: `baselines/{baseline.kind}/{baseline.name}.json` (schema v{baseline.schema_version}).",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def index_table(baselines: dict[str, Baseline], link: Any = None) -> str:
+    rows = ["| baseline | source | summary | created |", "|---|---|---|---|"]
+    for bid in sorted(baselines):
+        b = baselines[bid]
+        name = f"[{bid}]({link(bid)})" if link else f"`{bid}`"
+        rows.append(f"| {name} | {b.source} | {_cell(b.summary or '')} | {b.created_at[:10]} |")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    # Matplotlib names clip paths with random ids: fix them for stable, diffable output.
+    return buf.getvalue()
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "eaglekb"
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def series_svg(baseline: Baseline, name: str) -> str:
+    """A line plot of one series of a baseline."""
+    series = baseline.series[name]
+    plt = _pyplot()
+    xs = sorted(series.points, key=lambda k: float(k))
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot([float(x) for x in xs], [series.points[x] for x in xs], marker=".")
+    ax.set_xlabel(series.x)
+    ax.set_ylabel(f"{name} ({UNITS[series.unit][0]})")
+    ax.set_title(f"{baseline.id}: {name}")
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+def viability_svg(baseline: Baseline, max_steps: int = 7) -> str:
+    """Accept length against per-step acceptance for chains of 1..max_steps, with break-even
+    and the plan's accept length: the finite-chain ceiling made visible."""
+    from eaglekb.viability import expected_accept_len
+
+    cfg = baseline.config
+    breakeven = metric_value(baseline, "breakeven_len")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ps = [i / 200 for i in range(200)]
+    for k in range(1, max_steps + 1):
+        style = "-" if k == cfg.get("steps") else ":"
+        ax.plot(ps, [expected_accept_len(p, k) for p in ps], style, label=f"{k} steps", linewidth=2 if style == "-" else 1)
+    ax.plot(ps[:-20], [expected_accept_len(p, None) for p in ps[:-20]], "k--", linewidth=1, label="1/(1-p), unbounded")
+    ax.axhline(breakeven, color="red", linewidth=1)
+    ax.annotate(f"break-even {breakeven:.2f}", (0.02, breakeven), color="red", va="bottom")
+    for t in cfg.get("targets") or []:
+        need = t * cfg["cycle_ms"] / 1000
+        ax.axhline(need, color="gray", linewidth=0.8, linestyle="-.")
+        ax.annotate(f"{t:g} tok/s needs {need:.2f}", (0.02, need), color="gray", va="bottom", fontsize=8)
+    if cfg.get("accept_len"):
+        ax.axhline(cfg["accept_len"], color="green", linewidth=1)
+        ax.annotate(f"measured {cfg['accept_len']:g}", (0.55, cfg["accept_len"]), color="green", va="top")
+    ax.set_ylim(1, max(8.0, breakeven + 1))
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("per-step acceptance p")
+    ax.set_ylabel("accept length (tokens / cycle)")
+    ax.set_title(f"{baseline.id}: the chain ceiling is steps + 1")
+    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(0.0, 0.92))
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+def bars_svg(items: list[tuple[str, float, float | None]], ylabel: str, title: str, line: tuple[str, float] | None = None) -> str:
+    """A bar chart of (label, value, spread) items, with an optional reference line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    labels = [i[0] for i in items]
+    values = [i[1] for i in items]
+    errs = [(i[2] or 0) / 2 for i in items]
+    ax.bar(range(len(items)), values, yerr=errs, capsize=4, color="#4a6fa5")
+    ax.set_xticks(range(len(items)), labels, rotation=15, ha="right", fontsize=8)
+    for i, v in enumerate(values):
+        ax.annotate(f"{v:g}", (i, v), ha="center", va="bottom", fontsize=8)
+    if line:
+        ax.axhline(line[1], color="red", linewidth=1)
+        ax.annotate(line[0], (len(items) - 0.5, line[1]), color="red", ha="right", va="bottom", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    if not all(math.isfinite(v) for v in values):
+        raise DocsError("plot value is not finite", where=title, found=str(values))
+    return _svg(fig)
