@@ -33,3 +33,25 @@ def schema(c, json=False):
 
     doc = baselines.json_schema()
     emit(doc, _json.dumps(doc, indent=2, sort_keys=True), json)
+
+
+@task(help={"rev_a": "old revision (default: merge-base of main and HEAD, else HEAD)",
+            "rev_b": "new revision (default: WORKTREE, the files on disk now)",
+            "threshold": "flag a metric when |change| > PCT percent of the old value, instead of its recorded noise",
+            "json": "print one JSON document as the last line",
+            "fail_on": "exit 1 on: regression (any flagged regression) | change (any flagged change, "
+                       "or a baseline added/removed/renamed) | none (default)",
+            "markdown": "print Markdown for a pull-request comment instead of plain text"})
+def diff(c, rev_a=None, rev_b=None, threshold=None, json=False, fail_on="none", markdown=False):
+    """What changed in baselines/ between two git revisions: metrics against their noise, config, environment."""
+    from eaglekb import baseline_diff
+    from runbooks._common import parse_floats
+
+    with cli_errors():
+        pct = parse_floats(threshold, "--threshold")
+        report = baseline_diff.diff(rev_a, rev_b, threshold_rel=pct[0] / 100 if pct else None)
+        failed = report.should_fail(fail_on)
+    text = baseline_diff.to_markdown(report) if markdown else baseline_diff.to_text(report)
+    emit(baseline_diff.to_json(report), text, json)
+    if failed:
+        raise Exit(f"--fail-on {fail_on}: {report.summary()}", code=1)

@@ -1,0 +1,553 @@
+"""Baseline diffs between two git revisions, for review and CI gates.
+
+Owns: reading ``baselines/**/*.json`` at a git revision (or the working tree),
+pairing files across the two revisions (added, removed, changed, renamed), the
+per-metric comparison against the recorded noise (or a relative threshold) with
+the metric's better direction, config / environment / series differences, and
+the Markdown, text and JSON renderings of the result.
+
+Unlike ``dvc metrics diff``: lists in config are compared element by element
+(``path.0``, ``path.1`` ...), each change is judged against the noise the
+baseline records, a change in the bad direction is a regression, and
+``DiffReport.should_fail`` gives CI a gate.
+
+Knows nothing about the task runner or the docs tool; reads git through the
+``git`` command only, and never writes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from eaglekb import baselines as _b
+from eaglekb.errors import BadInput, EaglekbError, Unavailable
+
+#: The revision value meaning "the files on disk now" (the default for REV_B).
+WORKTREE = "WORKTREE"
+#: What ``should_fail`` accepts.
+FAIL_ON = ("regression", "change", "none")
+
+Flag = Literal["regression", "improvement", "changed", "within-noise"]
+FLAG_MARK = {"regression": "⚠️ regression", "improvement": "✅ improvement",
+             "changed": "🔶 changed", "within-noise": "within noise"}
+_EPS = 1e-12
+_MISSING = object()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MetricChange(_Model):
+    path: str  # dotted path within metrics
+    old: float
+    new: float
+    delta: float  # new - old, in the metric's unit
+    rel: float | None  # delta / |old|; None when old is 0
+    allowed: float  # |delta| above this is flagged
+    basis: Literal["noise", "threshold"]  # where `allowed` came from
+    direction: _b.Direction  # which way is better
+    flag: Flag
+
+
+class ValueChange(_Model):
+    path: str  # dotted path; list items as path.0, path.1 ...
+    change: Literal["added", "removed", "changed"]
+    old: Any = None
+    new: Any = None
+
+
+class SeriesChange(_Model):
+    name: str
+    x: str  # what the keys count, at REV_B (REV_A when removed)
+    change: Literal["added", "removed", "changed"]
+    points_old: int
+    points_new: int
+    points_changed: int = 0  # same x, different y
+    points_added: int = 0
+    points_removed: int = 0
+    max_abs_change: float | None = None
+    max_at: str | None = None  # the x value of the largest change
+    notes: list[str] = []  # x label or unit changed
+
+
+class BaselineChange(_Model):
+    id: str  # KIND/NAME at REV_B (at REV_A when removed)
+    status: Literal["added", "removed", "changed", "renamed"]
+    old_path: str | None
+    new_path: str | None
+    metrics: list[MetricChange] = []
+    metrics_added: dict[str, float] = {}
+    metrics_removed: dict[str, float] = {}
+    metrics_unchanged: int = 0
+    series: list[SeriesChange] = []
+    config: list[ValueChange] = []
+    environment: list[ValueChange] = []  # provenance and created_at
+    other: list[ValueChange] = []  # noise, better, source, summary, citation
+
+    def count(self, flag: Flag) -> int:
+        return sum(m.flag == flag for m in self.metrics)
+
+
+class Problem(_Model):
+    revision: str
+    path: str
+    error: str  # one line
+
+    def line(self) -> str:
+        return f"{self.revision}: {self.path}: {self.error}"
+
+
+class DiffReport(_Model):
+    rev_a: str  # as given, or "merge-base of main" / "HEAD" when defaulted
+    rev_b: str
+    commit_a: str | None  # None for the working tree
+    commit_b: str | None
+    threshold_rel: float | None
+    changes: list[BaselineChange]
+    problems: list[Problem]
+    unchanged: int  # baselines identical at both revisions
+
+    def count(self, flag: Flag) -> int:
+        return sum(c.count(flag) for c in self.changes)
+
+    def should_fail(self, fail_on: str) -> bool:
+        """The CI gate: 'regression' (any flagged regression), 'change' (any flagged metric
+        change, or a baseline added, removed or renamed), or 'none'."""
+        if fail_on not in FAIL_ON:
+            raise BadInput("unknown --fail-on value", where="--fail-on",
+                           expected=" | ".join(FAIL_ON), found=repr(fail_on))
+        if fail_on == "regression":
+            return self.count("regression") > 0
+        if fail_on == "change":
+            flagged = any(m.flag != "within-noise" for c in self.changes for m in c.metrics)
+            return flagged or any(c.status != "changed" for c in self.changes)
+        return False
+
+    def label(self, which: str) -> str:
+        return _label(*((self.rev_a, self.commit_a) if which == "a" else (self.rev_b, self.commit_b)))
+
+    def tally(self) -> str:
+        """'2 changed, 1 added (5 unchanged)'."""
+        by = {s: sum(c.status == s for c in self.changes) for s in ("changed", "added", "removed", "renamed")}
+        parts = [f"{n} {s}" for s, n in by.items() if n] or ["no baseline changed"]
+        tail = f"; {len(self.problems)} unreadable file(s)" if self.problems else ""
+        return ", ".join(parts) + f" ({self.unchanged} unchanged)" + tail
+
+    def summary(self) -> str:
+        flags = [f"{self.count('regression')} regression(s)", f"{self.count('improvement')} improvement(s)"]
+        if self.count("changed"):
+            flags.append(f"{self.count('changed')} other change(s) beyond noise")
+        return f"baselines {self.label('a')} → {self.label('b')}: " + ", ".join(flags) + "; " + self.tally()
+
+
+# --------------------------------------------------------------------------- git
+
+
+def _label(rev: str, commit: str | None) -> str:
+    if commit is None:
+        return "working tree"
+    return commit[:10] if rev.startswith(commit[:7]) else f"{rev} ({commit[:10]})"
+
+
+def _git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise Unavailable("git is not installed", expected="git on PATH", fix="install git") from None
+
+
+def _commit_of(root: Path, rev: str, where: str) -> str:
+    if _git(root, "rev-parse", "--git-dir").returncode != 0:
+        raise BadInput("not a git repository", where=str(root), expected="a git checkout",
+                       fix="run inside the eaglekb checkout or set EAGLEKB_ROOT")
+    out = _git(root, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}")
+    if out.returncode != 0:
+        no_commits = _git(root, "rev-parse", "--verify", "--quiet", "HEAD").returncode != 0
+        raise BadInput("revision not found", where=where, expected=f"a git revision or {WORKTREE}",
+                       found=repr(rev), fix="the repository has no commits yet; commit first" if no_commits
+                       else "check `git log --oneline`; fetch the branch if it is remote")
+    return out.stdout.decode().strip()
+
+
+def default_rev_a(root: Path) -> tuple[str, str]:
+    """(revision, how to name it): the merge-base of main and HEAD, else HEAD."""
+    out = _git(root, "merge-base", "main", "HEAD")
+    if out.returncode == 0:
+        return out.stdout.decode().strip(), "merge-base of main"
+    return "HEAD", "HEAD"
+
+
+def _read_git(root: Path, commit: str, label: str) -> tuple[dict[str, str], list[Problem]]:
+    out = _git(root, "ls-tree", "-r", "--name-only", commit, "--", "baselines/")
+    if out.returncode != 0:
+        raise Unavailable("git ls-tree failed", where=label, found=out.stderr.decode().strip()[:200])
+    texts: dict[str, str] = {}
+    problems: list[Problem] = []
+    for path in out.stdout.decode().splitlines():
+        if not path.endswith(".json"):
+            continue
+        shown = _git(root, "show", f"{commit}:./{path}")
+        if shown.returncode != 0:
+            error = (shown.stderr.decode(errors="replace").strip().splitlines() or ["git show failed"])[0]
+            problems.append(Problem(revision=label, path=path, error=f"cannot read: {error}"))
+            continue
+        try:
+            texts[path] = shown.stdout.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(Problem(revision=label, path=path, error=f"not UTF-8: {exc.reason} at byte {exc.start}"))
+    return texts, problems
+
+
+def _read_worktree(root: Path) -> tuple[dict[str, str], list[Problem]]:
+    texts: dict[str, str] = {}
+    problems: list[Problem] = []
+    for file in sorted((root / "baselines").rglob("*.json")):
+        if not file.is_file() or file.name.startswith("."):
+            continue  # temporary files of an atomic write
+        path = file.relative_to(root).as_posix()
+        try:
+            texts[path] = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(Problem(revision="working tree", path=path, error=f"cannot read: {exc}"))
+    return texts, problems
+
+
+def _parse_all(texts: dict[str, str], label: str) -> tuple[dict[str, _b.Baseline], list[Problem]]:
+    parsed: dict[str, _b.Baseline] = {}
+    problems: list[Problem] = []
+    for path, text in texts.items():
+        parts = path.split("/")
+        try:
+            baseline = _b.parse(text, path)
+        except EaglekbError as exc:
+            problems.append(Problem(revision=label, path=path, error=exc.line()))
+            continue
+        if len(parts) != 3 or (baseline.kind, baseline.name) != (parts[1], parts[2][: -len(".json")]):
+            problems.append(Problem(revision=label, path=path,
+                                    error=f"holds {baseline.id}; expected baselines/KIND/NAME.json to match"))
+            continue
+        parsed[path] = baseline
+    return parsed, problems
+
+
+def read_revision(root: Path, rev: str, where: str = "REV") -> tuple[str | None, dict[str, _b.Baseline], list[Problem]]:
+    """(commit or None for the working tree, baselines by path, problems) at one revision."""
+    if rev == WORKTREE:
+        texts, problems = _read_worktree(root)
+        commit, label = None, "working tree"
+    else:
+        commit = _commit_of(root, rev, where)
+        label = _label(rev, commit)
+        texts, problems = _read_git(root, commit, label)
+    parsed, bad = _parse_all(texts, label)
+    return commit, parsed, problems + bad
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+def flatten_values(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Any JSON value -> {dotted.path: leaf}; list items as path.0, path.1 ...; empty containers are leaves."""
+    if isinstance(value, dict) and value:
+        items = sorted(value.items())
+    elif isinstance(value, list) and value:
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return {prefix.rstrip("."): value}
+    out: dict[str, Any] = {}
+    for key, item in items:
+        out.update(flatten_values(item, f"{prefix}{key}."))
+    return out
+
+
+def value_changes(old: Any, new: Any, prefix: str = "") -> list[ValueChange]:
+    """Leaf-by-leaf differences of two JSON values (lists compared item by item)."""
+    a, b = _leaves(old, prefix), _leaves(new, prefix)
+    out = []
+    for path in sorted(set(a) | set(b)):
+        va, vb = a.get(path, _MISSING), b.get(path, _MISSING)
+        if va is _MISSING:
+            out.append(ValueChange(path=path, change="added", new=vb))
+        elif vb is _MISSING:
+            out.append(ValueChange(path=path, change="removed", old=va))
+        elif va != vb or type(va) is not type(vb):
+            out.append(ValueChange(path=path, change="changed", old=va, new=vb))
+    # An empty container that gained or lost items is told by those items alone.
+    paths = set(a) | set(b)
+    return [c for c in out if c.change == "changed" or (c.old if c.change == "removed" else c.new) not in ({}, [])
+            or not any(p.startswith(c.path + ".") for p in paths)]
+
+
+def _leaves(value: Any, prefix: str) -> dict[str, Any]:
+    flat = flatten_values(value)
+    if flat == {"": value} and value in ({}, []):
+        return {}  # an empty config is no leaf at all
+    return {(prefix + p).rstrip("."): v for p, v in flat.items()}
+
+
+def metric_change(path: str, a: float, b: float, new: _b.Baseline, threshold_rel: float | None) -> MetricChange:
+    """One metric, ``a`` at REV_A and ``b`` at REV_B, judged against the noise the REV_B
+    baseline records (or the threshold), in the direction it declares."""
+    delta = b - a
+    if threshold_rel is None:
+        allowed, basis = _b.allowed_delta(new, path), "noise"
+    else:
+        allowed, basis = threshold_rel * abs(a), "threshold"
+    way = _b.direction(new, path)
+    if abs(delta) <= allowed + _EPS * max(1.0, abs(a)):
+        flag: Flag = "within-noise"
+    elif way == "none":
+        flag = "changed"
+    else:
+        flag = "improvement" if (delta > 0) == (way == "higher") else "regression"
+    return MetricChange(path=path, old=a, new=b, delta=delta, rel=delta / abs(a) if a else None,
+                        allowed=allowed, basis=basis, direction=way, flag=flag)
+
+
+def series_change(name: str, old: _b.Series | None, new: _b.Series | None) -> SeriesChange | None:
+    if old is None or new is None:
+        return SeriesChange(name=name, x=(new or old).x, change="added" if old is None else "removed",
+                            points_old=len(old.points) if old else 0, points_new=len(new.points) if new else 0)
+    if old == new:
+        return None
+    common = sorted(set(old.points) & set(new.points), key=_x_order)
+    diffs = {x: new.points[x] - old.points[x] for x in common if new.points[x] != old.points[x]}
+    worst = max(diffs, key=lambda x: abs(diffs[x]), default=None)
+    notes = [f"{field} {getattr(old, field)!r} → {getattr(new, field)!r}"
+             for field in ("x", "unit") if getattr(old, field) != getattr(new, field)]
+    return SeriesChange(
+        name=name, x=new.x, change="changed", points_old=len(old.points), points_new=len(new.points),
+        points_changed=len(diffs), points_added=len(set(new.points) - set(old.points)),
+        points_removed=len(set(old.points) - set(new.points)),
+        max_abs_change=abs(diffs[worst]) if worst is not None else None, max_at=worst, notes=notes,
+    )
+
+
+def _x_order(x: str) -> tuple[int, float, str]:
+    try:
+        return (0, float(x), x)
+    except ValueError:
+        return (1, 0.0, x)
+
+
+_ENV_FIELDS = ("provenance", "created_at")
+_OTHER_FIELDS = ("noise", "better", "source", "summary", "citation")
+
+
+def compare_baselines(old: _b.Baseline | None, new: _b.Baseline | None, *, old_path: str | None = None,
+                      new_path: str | None = None, threshold_rel: float | None = None,
+                      renamed: bool = False) -> BaselineChange | None:
+    """What changed in one baseline between two revisions; None when nothing did."""
+    if old is None and new is None:
+        raise ValueError("compare_baselines needs at least one baseline")
+    if old is None or new is None:
+        one = new or old
+        metrics = _b.flatten(one.metrics)
+        return BaselineChange(
+            id=one.id, status="added" if old is None else "removed", old_path=old_path, new_path=new_path,
+            metrics_added=metrics if old is None else {}, metrics_removed=metrics if new is None else {},
+            config=value_changes({} if old is None else one.config, {} if new is None else one.config, "config."),
+        )
+    if not renamed and old == new:
+        return None
+    a, b = _b.flatten(old.metrics), _b.flatten(new.metrics)
+    both = [p for p in b if p in a]
+    dump_a, dump_b = old.model_dump(mode="json"), new.model_dump(mode="json")
+    names = sorted(set(old.series) | set(new.series))
+    return BaselineChange(
+        id=new.id, status="renamed" if renamed else "changed", old_path=old_path, new_path=new_path,
+        metrics=[metric_change(p, a[p], b[p], new, threshold_rel) for p in both if a[p] != b[p]],
+        metrics_added={p: v for p, v in b.items() if p not in a},
+        metrics_removed={p: v for p, v in a.items() if p not in b},
+        metrics_unchanged=sum(a[p] == b[p] for p in both),
+        series=[s for n in names if (s := series_change(n, old.series.get(n), new.series.get(n)))],
+        config=value_changes(old.config, new.config, "config."),
+        environment=[c for f in _ENV_FIELDS for c in value_changes(dump_a[f], dump_b[f], f"{f}.")],
+        other=[c for f in _OTHER_FIELDS for c in value_changes(dump_a[f], dump_b[f], f"{f}.")],
+    )
+
+
+def _same_apart_from_name(a: _b.Baseline, b: _b.Baseline) -> bool:
+    return a.model_dump(exclude={"name"}) == b.model_dump(exclude={"name"})
+
+
+def _pair_renames(removed: dict[str, _b.Baseline], added: dict[str, _b.Baseline]) -> list[tuple[str, str]]:
+    """(old path, new path) for removed+added files of one kind with identical content apart
+    from the name (preferred) or an identical config."""
+    pairs: list[tuple[str, str]] = []
+    free = dict(added)
+    for same in (_same_apart_from_name, lambda a, b: a.config == b.config):
+        for old_path, old in removed.items():
+            if old_path in {p for p, _ in pairs}:
+                continue
+            match = next((p for p, new in free.items() if new.kind == old.kind and same(old, new)), None)
+            if match:
+                pairs.append((old_path, match))
+                del free[match]
+    return pairs
+
+
+def diff(rev_a: str | None = None, rev_b: str | None = None, *, root: Path | None = None,
+         threshold_rel: float | None = None) -> DiffReport:
+    """Every baseline added, removed, renamed or changed from ``rev_a`` to ``rev_b``.
+
+    ``rev_a`` defaults to the merge-base of main and HEAD (HEAD where that fails);
+    ``rev_b`` to the working tree (``WORKTREE``). ``threshold_rel`` (0.05 = 5%)
+    replaces the recorded noise as the allowance for every metric. Files that fail
+    the schema at a revision become ``problems``; the rest is still compared.
+    """
+    root = Path(root) if root else _b.find_root()
+    if threshold_rel is not None and not threshold_rel >= 0:
+        raise BadInput("threshold must be >= 0", where="--threshold", expected="a percentage >= 0",
+                       found=repr(threshold_rel))
+    rev_a, name_a = (rev_a, rev_a) if rev_a else default_rev_a(root)
+    rev_b = rev_b or WORKTREE
+    commit_a, old, problems_a = read_revision(root, rev_a, "REV_A")
+    commit_b, new, problems_b = read_revision(root, rev_b, "REV_B")
+    problems = problems_a + problems_b
+    skip = {p.path for p in problems}  # unreadable on one side: neither added nor removed
+    old = {p: b for p, b in old.items() if p not in skip}
+    new = {p: b for p, b in new.items() if p not in skip}
+
+    removed = {p: b for p, b in old.items() if p not in new}
+    added = {p: b for p, b in new.items() if p not in old}
+    renames = _pair_renames(removed, added)
+    changes: list[BaselineChange] = []
+    unchanged = 0
+    for path in sorted(set(old) & set(new)):
+        change = compare_baselines(old[path], new[path], old_path=path, new_path=path, threshold_rel=threshold_rel)
+        if change is None:
+            unchanged += 1
+        else:
+            changes.append(change)
+    for old_path, new_path in renames:
+        changes.append(compare_baselines(old.pop(old_path), new[new_path], old_path=old_path,
+                                         new_path=new_path, threshold_rel=threshold_rel, renamed=True))
+        removed.pop(old_path)
+        added.pop(new_path)
+    changes += [compare_baselines(None, b, new_path=p) for p, b in sorted(added.items())]
+    changes += [compare_baselines(b, None, old_path=p) for p, b in sorted(removed.items())]
+    return DiffReport(rev_a=name_a, rev_b=rev_b, commit_a=commit_a, commit_b=commit_b,
+                      threshold_rel=threshold_rel, changes=changes, problems=problems, unchanged=unchanged)
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:.6g}"
+
+
+def _val(v: Any, width: int = 60) -> str:
+    text = v if isinstance(v, str) else json.dumps(v)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _cell(v: Any) -> str:
+    return "`" + _val(v).replace("|", "\\|").replace("`", "'") + "`"
+
+
+def _rel(r: float | None) -> str:
+    return "–" if r is None else f"{r * 100:+.2f}%"
+
+
+def _value_rows(items: list[ValueChange]) -> list[str]:
+    rows = ["| key | old | new |", "|---|---|---|"]
+    for c in items:
+        old = "*(absent)*" if c.change == "added" else _cell(c.old)
+        new = "*(absent)*" if c.change == "removed" else _cell(c.new)
+        rows.append(f"| `{c.path}` | {old} | {new} |")
+    return rows
+
+
+def _details(title: str, items: list[ValueChange]) -> list[str]:
+    if not items:
+        return []
+    return ["", f"<details><summary>{title} ({len(items)})</summary>", "", *_value_rows(items), "", "</details>"]
+
+
+def _heading(c: BaselineChange) -> str:
+    if c.status == "renamed":
+        return f"### `{c.old_path}` → `{c.new_path}` (renamed)"
+    flags = [FLAG_MARK[f] for f in ("regression", "improvement", "changed") if c.count(f)]
+    return f"### `{c.id}` ({c.status})" + (" — " + ", ".join(flags) if flags else "")
+
+
+def to_markdown(report: DiffReport) -> str:
+    """A pull-request comment: summary, one table per changed baseline, details folded."""
+    out = [f"## Baselines diff: {report.label('a')} → {report.label('b')}", "",
+           f"**{report.count('regression')} regression(s) ⚠️, {report.count('improvement')} improvement(s) ✅"
+           + (f", {report.count('changed')} other change(s) beyond noise 🔶" if report.count("changed") else "")
+           + f"** — baselines: {report.tally()}"]
+    if report.threshold_rel is not None:
+        out.append(f"\nFlagged when |Δ| > {report.threshold_rel * 100:g}% of the old value (--threshold).")
+    else:
+        out.append("\nFlagged when |Δ| exceeds the noise the baseline records (max of tolerances and spread).")
+    if report.problems:
+        out += ["", "### Unreadable baselines", ""]
+        out += [f"- **{p.revision}** `{p.path}`: {p.error}" for p in report.problems]
+    for c in report.changes:
+        out += ["", _heading(c)]
+        if c.metrics:
+            out += ["", "| metric | old | new | Δ | Δ% | noise ± | |", "|---|---:|---:|---:|---:|---:|---|"]
+            out += [f"| `{m.path}` | {_num(m.old)} | {_num(m.new)} | {m.delta:+.4g} | {_rel(m.rel)} "
+                    f"| {_num(m.allowed)} | {FLAG_MARK[m.flag]} |" for m in c.metrics]
+        for title, values in (("Metrics added", c.metrics_added), ("Metrics removed", c.metrics_removed)):
+            if values and c.status in ("added", "removed"):
+                out += ["", "| metric | value |", "|---|---:|", *(f"| `{p}` | {_num(v)} |" for p, v in values.items())]
+            elif values:
+                out += ["", f"{title}: " + ", ".join(f"`{p}` = {_num(v)}" for p, v in values.items())]
+        for s in c.series:
+            out += ["", f"Series `{s.name}`: {_series_text(s)}"]
+        if c.status in ("changed", "renamed") and not (c.metrics or c.metrics_added or c.metrics_removed):
+            out += ["", f"Metrics unchanged ({c.metrics_unchanged})."]
+        out += _details("Config changes", c.config) if c.status in ("changed", "renamed") else \
+            _details("Config", c.config)
+        out += _details("Environment and provenance changes", c.environment)
+        out += _details("Noise, direction and description changes", c.other)
+    return "\n".join(out) + "\n"
+
+
+def _series_text(s: SeriesChange) -> str:
+    if s.change != "changed":
+        return f"{s.change} ({s.points_new or s.points_old} points)"
+    parts = [f"{s.points_changed} point(s) changed"]
+    if s.max_abs_change is not None:
+        parts.append(f"max |Δ| {s.max_abs_change:.4g} at {s.x} {s.max_at}")
+    if s.points_added or s.points_removed:
+        parts.append(f"{s.points_added} added, {s.points_removed} removed")
+    return "; ".join(parts + s.notes)
+
+
+def to_text(report: DiffReport) -> str:
+    """Plain lines for a terminal."""
+    lines = [report.summary()]
+    lines += [f"unreadable: {p.line()}" for p in report.problems]
+    for c in report.changes:
+        lines.append(f"{c.status}: {c.old_path} → {c.new_path}" if c.status == "renamed" else f"{c.status}: {c.id}")
+        for m in c.metrics:
+            lines.append(f"  {m.path}: {_num(m.old)} → {_num(m.new)} ({m.delta:+.4g}, {_rel(m.rel)}; "
+                         f"noise ±{_num(m.allowed)}) {m.flag}")
+        lines += [f"  metric added {p} = {_num(v)}" for p, v in c.metrics_added.items()]
+        lines += [f"  metric removed {p} = {_num(v)}" for p, v in c.metrics_removed.items()]
+        lines += [f"  series {s.name}: {_series_text(s)}" for s in c.series]
+        for title, items in (("config", c.config), ("env", c.environment), ("other", c.other)):
+            if c.status in ("changed", "renamed"):
+                lines += [f"  {title} {v.path}: {_val(v.old, 40)} → {_val(v.new, 40)}" if v.change == "changed"
+                          else f"  {title} {v.path} {v.change}: {_val(v.new if v.change == 'added' else v.old, 40)}"
+                          for v in items]
+    return "\n".join(lines)
+
+
+def to_json(report: DiffReport) -> dict[str, Any]:
+    """The report as one JSON-ready document (with the summary and flag counts)."""
+    doc = report.model_dump(mode="json")
+    doc["summary"] = report.summary()
+    doc["counts"] = {f: report.count(f) for f in ("regression", "improvement", "changed", "within-noise")}
+    return doc
