@@ -141,16 +141,21 @@ def data_path(source: CorpusSource) -> Path:
     return path
 
 
-def _holdout(source: str, key: str) -> bool:
-    return int(hashlib.sha256(f"{source}:{key}".encode()).hexdigest(), 16) % HOLDOUT_BUCKETS == 0
+def _normalise(text: str) -> str:
+    return " ".join(text.split()).lower()
 
 
-def _split_of(source: CorpusSource, index: int, key: str) -> str:
+def _holdout(source: str, text: str) -> bool:
+    # By text, not by key: a prompt that occurs twice (chit-chat "Hello") lands in one split only.
+    return int(hashlib.sha256(f"{source}:{_normalise(text)}".encode()).hexdigest(), 16) % HOLDOUT_BUCKETS == 0
+
+
+def _split_of(source: CorpusSource, index: int, text: str) -> str:
     if source.eval_only:
         return "eval"
     if source.fixed_eval_count is not None:
         return "eval" if index < source.fixed_eval_count else "train"
-    return "eval" if _holdout(source.name, key) else "train"
+    return "eval" if _holdout(source.name, text) else "train"
 
 
 @dataclass
@@ -189,7 +194,7 @@ def load(name: str, *, split: Split = "train", limit: int | None = None, seed: i
     prompts = [
         Prompt(id=f"{name}:{key}", source=name, messages=({"role": "user", "content": text},))
         for i, (key, text) in enumerate(rows)
-        if split == "all" or _split_of(source, i, key) == split
+        if split == "all" or _split_of(source, i, text) == split
     ]
     if shuffle:
         random.Random(seed).shuffle(prompts)
@@ -217,9 +222,9 @@ def mix(names: Iterable[str], *, per_source: int, split: Split = "train", seed: 
 def check_disjoint(train: PromptSet, evaluation: PromptSet) -> None:
     """Refuse a training set that shares any prompt (by id or by text) with an evaluation set."""
     ids = {p.id for p in evaluation.prompts}
-    texts = {" ".join(p.text.split()).lower() for p in evaluation.prompts}
+    texts = {_normalise(p.text) for p in evaluation.prompts}
     for p in train.prompts:
-        if p.id in ids or " ".join(p.text.split()).lower() in texts:
+        if p.id in ids or _normalise(p.text) in texts:
             raise BadInput("training prompts overlap the evaluation prompts", where=train.name,
                            expected=f"no prompt of {evaluation.name}", found=p.id)
 
