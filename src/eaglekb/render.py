@@ -224,7 +224,7 @@ def viability_svg(baseline: Baseline, max_steps: int = 7) -> str:
     ax.set_xlabel("per-step acceptance p")
     ax.set_ylabel("accept length (tokens / cycle)")
     ax.set_title(f"{baseline.id}: the chain ceiling is steps + 1")
-    ax.legend(fontsize=7, ncol=2, loc="upper left", bbox_to_anchor=(0.0, 0.92))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3)
     return _svg(fig)
 
