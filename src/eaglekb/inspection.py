@@ -1,0 +1,548 @@
+"""Inspect one EAGLE-3 drafter checkpoint, or compare two, without loading it into a model.
+
+Owns: ``inspect_checkpoint`` (config summary, every tensor's shape and dtype,
+parameter counts, findings) and ``compare_checkpoints`` (side-by-side report with
+a one-line verdict), plus their text renderers. Reads only headers and the
+d2t/t2d tensors, so multi-GB drafters inspect in seconds.
+
+Each finding is ``{code, severity, message}`` with severity ``error`` (SGLang or
+vLLM would misbehave, often silently) or ``warning`` (probably unintended);
+neutral facts (aux-layer convention, shared embeddings) go to ``notes``. A corrupt or truncated safetensors file, a missing folder or an
+unparsable config.json raise an ``EaglekbError`` (one line) instead.
+
+Knows nothing about targets, training or the task runner.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+from eaglekb.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH
+from eaglekb.errors import IntegrityError, MissingFile, SchemaError
+
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+_KNOWN = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
+_CONFIG_FIELDS = (
+    "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "num_hidden_layers", "vocab_size", "draft_vocab_size", "target_hidden_size", "rms_norm_eps",
+    "rope_theta", "max_position_embeddings", "hidden_act", "torch_dtype", "tie_word_embeddings",
+)
+_SGLANG_KNOWN_FIELDS = set(_CONFIG_FIELDS) | {
+    "architectures", "model_type", "eagle_config", "bos_token_id", "eos_token_id", "pad_token_id",
+    "initializer_range", "pretraining_tp", "use_cache", "attention_bias", "attention_dropout",
+    "mlp_bias", "rope_scaling", "rope_parameters", "transformers_version", "_name_or_path", "bias",
+    "dtype", "norm_before_residual",
+}
+
+
+def _finding(code: str, severity: str, message: str) -> dict:
+    return {"code": code, "severity": severity, "message": message}
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _read_config(folder: Path) -> dict:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise MissingFile("drafter config.json not found", where=str(path))
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError as exc:
+        raise SchemaError("config.json is not valid JSON", where=str(path),
+                          expected="a JSON object", found=str(exc)) from None
+    if not isinstance(doc, dict):
+        raise SchemaError("config.json is not an object", where=str(path),
+                          expected="a JSON object", found=type(doc).__name__)
+    return doc
+
+
+def _read_headers(folder: Path) -> tuple[dict[str, dict], list[str]]:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        others = sorted(p.name for p in folder.iterdir())
+        raise MissingFile("no safetensors weights in drafter folder", where=str(folder),
+                          expected="model.safetensors", found=", ".join(others) or "an empty folder",
+                          fix="pytorch_model.bin is not read (no pickle); convert it to safetensors")
+    tensors: dict[str, dict] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as fh:
+                for key in fh.keys():
+                    sl = fh.get_slice(key)
+                    if key in tensors:
+                        raise IntegrityError("tensor stored twice", where=str(file), found=key)
+                    tensors[key] = {"shape": list(sl.get_shape()), "dtype": sl.get_dtype(),
+                                    "file": file.name}
+        except IntegrityError:
+            raise
+        except Exception as exc:  # SafetensorError is not importable under one name in all versions
+            raise IntegrityError("unreadable safetensors file (truncated or corrupt)", where=str(file),
+                                 expected="a complete safetensors file",
+                                 found=str(exc).splitlines()[0][:160]) from None
+    return tensors, [f.name for f in files]
+
+
+def _load_tensor(folder: Path, file: str, key: str):
+    from safetensors import safe_open
+
+    with safe_open(str(folder / file), framework="pt") as fh:
+        return fh.get_tensor(key)
+
+
+def _normalise(config: dict, tensors: dict) -> tuple[str, dict, dict[str, str], list[dict]]:
+    """Detect the format; return (format, flat config, canonical-name -> stored-name, findings)."""
+    findings: list[dict] = []
+    if "speculators_model_type" in config:
+        fmt = "speculators"
+        layer = config.get("transformer_layer_config") or {}
+        flat = {k: layer.get(k) for k in _CONFIG_FIELDS if k in layer}
+        for k in ("draft_vocab_size", "target_hidden_size", "torch_dtype"):
+            if config.get(k) is not None:
+                flat[k] = config[k]
+        points = config.get("eagle_aux_hidden_state_layer_ids")
+        flat["aux_layer_ids"] = [int(p) - 1 for p in points] if points else None
+        if config.get("speculators_model_type") != "eagle3":
+            findings.append(_finding("unknown-architecture", "error",
+                                     f"speculators_model_type {config.get('speculators_model_type')!r} "
+                                     "is not 'eagle3'"))
+        if config.get("norm_before_residual"):
+            findings.append(_finding("norm-before-residual", "warning",
+                                     "norm_before_residual=true: the residual is the normed hidden "
+                                     "state; SGLang's LlamaForCausalLMEagle3 uses the raw one"))
+        rename = {"layers.0.": "midlayer."}
+    else:
+        fmt = "sglang"
+        arch = config.get("architectures") or []
+        if SGLANG_ARCH not in arch:
+            findings.append(_finding("unknown-architecture", "error",
+                                     f"architectures {arch!r} is not [{SGLANG_ARCH!r}]: SGLang will not "
+                                     "load it as an EAGLE-3 drafter"))
+        flat = {k: config.get(k) for k in _CONFIG_FIELDS if k in config}
+        if "rope_theta" not in flat and isinstance(config.get("rope_parameters"), dict):
+            flat["rope_theta"] = config["rope_parameters"].get("rope_theta")
+        eagle = config.get("eagle_config") or {}
+        flat["aux_layer_ids"] = eagle.get("eagle_aux_hidden_state_layer_ids")
+        unknown = sorted(set(config) - _SGLANG_KNOWN_FIELDS)
+        for key in unknown:
+            findings.append(_finding("config-unknown-field", "warning",
+                                     f"config field {key!r} is not an EAGLE-3 drafter field; "
+                                     "SGLang ignores it"))
+        rename = {"model.": ""}  # SGLang's loader also accepts a model. prefix
+    names: dict[str, str] = {}
+    for stored in tensors:
+        canon = stored
+        for src, dst in rename.items():
+            if canon.startswith(src):
+                canon = dst + canon[len(src):]
+        names[canon] = stored
+    return fmt, flat, names, findings
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def inspect_checkpoint(path: str | Path, *, target: str | Path | None = None) -> dict:
+    """Everything one needs to know before serving a drafter folder; see module docstring.
+
+    ``target``: a target model folder (its config.json is read, no weights) to check the
+    drafter against: fc input = 3 x target hidden, vocab size, capture points in range.
+    """
+    return _inspect(path, target)[0]
+
+
+def _inspect(path: str | Path, target: str | Path | None = None) -> tuple[dict, list[int] | None]:
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MissingFile("drafter folder not found", where=str(folder))
+    config = _read_config(folder)
+    tensors, files = _read_headers(folder)
+    fmt, flat, names, findings = _normalise(config, tensors)
+    shape = {canon: tensors[stored]["shape"] for canon, stored in names.items()}
+
+    # keys
+    known = _KNOWN | ({"fc.bias"} if config.get("bias") else set())
+    for canon, stored in sorted(names.items(), key=lambda kv: kv[1]):
+        if canon not in known:
+            near = difflib.get_close_matches(canon, sorted(_KNOWN), n=1, cutoff=0.8)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            findings.append(_finding("ignored-key", "error",
+                                     f"tensor {stored!r} is not a name SGLang loads: it is skipped "
+                                     f"silently{hint}"))
+    for key in REQUIRED_KEYS:
+        if key not in names:
+            sev = "warning" if key == "t2d" else "error"
+            note = " (SGLang derives nothing from it, but SpecForge and vLLM read it)" if key == "t2d" else \
+                " (SGLang would keep random weights)"
+            findings.append(_finding("missing-key", sev, f"required tensor {key!r} is absent{note}"))
+
+    # config sanity
+    hidden = flat.get("hidden_size")
+    target_hidden = flat.get("target_hidden_size") or hidden
+    vocab = flat.get("vocab_size")
+    draft_vocab = flat.get("draft_vocab_size")
+    for key in ("hidden_size", "vocab_size", "intermediate_size", "num_attention_heads"):
+        if not isinstance(flat.get(key), int):
+            findings.append(_finding("config-missing-field", "error",
+                                     f"config field {key!r} is missing or not an integer"))
+    if draft_vocab is None:
+        findings.append(_finding("config-missing-field", "error",
+                                 "draft_vocab_size is absent: SGLang assumes the full vocab and loads "
+                                 "lm_head from the target"))
+    if config.get("tie_word_embeddings") or (config.get("transformer_layer_config") or {}).get(
+            "tie_word_embeddings"):
+        findings.append(_finding("tied-embeddings", "error",
+                                 "tie_word_embeddings=true: SGLang uses embed_tokens as lm_head and "
+                                 "ignores the trained lm_head"))
+    layers = flat.get("num_hidden_layers", 1)
+    if layers not in (None, 1):
+        findings.append(_finding("num-hidden-layers", "warning",
+                                 f"num_hidden_layers={layers}: eaglekb and most tools expect one midlayer"))
+
+    # shapes
+    if isinstance(hidden, int) and "fc.weight" in shape:
+        fc = shape["fc.weight"]
+        if len(fc) != 2 or fc[1] != 3 * (target_hidden or 0) or fc[0] != hidden:
+            findings.append(_finding("fc-shape", "error",
+                                     f"fc.weight is {fc}; expected [{hidden}, {3 * target_hidden}] "
+                                     f"(3 x target hidden {target_hidden})"))
+    if isinstance(hidden, int) and isinstance(draft_vocab, int) and "lm_head.weight" in shape:
+        if shape["lm_head.weight"] != [draft_vocab, hidden]:
+            findings.append(_finding("shape-mismatch", "error",
+                                     f"lm_head.weight is {shape['lm_head.weight']}; expected "
+                                     f"[{draft_vocab}, {hidden}]"))
+    if isinstance(hidden, int):
+        for key in ("norm.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+                    "midlayer.post_attention_layernorm.weight"):
+            if key in shape and shape[key] != [hidden]:
+                findings.append(_finding("shape-mismatch", "error",
+                                         f"{key} is {shape[key]}; expected [{hidden}]"))
+        for key in ("q_proj", "k_proj", "v_proj"):
+            k = f"midlayer.self_attn.{key}.weight"
+            if k in shape and (len(shape[k]) != 2 or shape[k][1] != 2 * hidden):
+                findings.append(_finding("shape-mismatch", "error",
+                                         f"{k} is {shape[k]}; its input must be 2 x hidden = {2 * hidden} "
+                                         "(embedding ++ hidden)"))
+        if "embed_tokens.weight" in shape and isinstance(vocab, int) and \
+                shape["embed_tokens.weight"] != [vocab, hidden]:
+            findings.append(_finding("shape-mismatch", "error",
+                                     f"embed_tokens.weight is {shape['embed_tokens.weight']}; expected "
+                                     f"[{vocab}, {hidden}]"))
+
+    # mapping
+    mapping, selected = _check_mapping(folder, tensors, names, vocab, draft_vocab, findings)
+
+    # dtypes
+    float_dtypes = sorted({t["dtype"] for t in tensors.values() if t["dtype"] in _FLOAT_DTYPES})
+    if len(float_dtypes) > 1:
+        by = {d: sorted(k for k, t in tensors.items() if t["dtype"] == d) for d in float_dtypes}
+        detail = "; ".join(f"{d}: {len(v)} ({v[0]}...)" for d, v in by.items())
+        findings.append(_finding("dtype-mix", "warning", f"floating tensors use {len(float_dtypes)} "
+                                                        f"dtypes: {detail}"))
+    aux = aux_layer_report(flat.get("aux_layer_ids"), fmt)
+    target_info = _check_target(target, flat, shape, aux, findings) if target is not None else None
+    notes = [aux["summary"]]
+    if "embed_tokens.weight" not in names:
+        notes.append("no embed_tokens.weight: the runtime shares the target's (frozen) embeddings")
+
+    params: dict[str, int] = {}
+    for canon, stored in names.items():
+        t = tensors[stored]
+        if t["dtype"] not in _FLOAT_DTYPES:
+            continue
+        group = canon.split(".")[0]
+        n = 1
+        for s in t["shape"]:
+            n *= s
+        params[group] = params.get(group, 0) + n
+    total = sum(params.values())
+    trainable = total - params.get("embed_tokens", 0)
+
+    errors = sum(f["severity"] == "error" for f in findings)
+    return {
+        "path": str(folder),
+        "format": fmt,
+        "files": files,
+        "config": dict(flat),
+        "tensors": {stored: {"shape": t["shape"], "dtype": t["dtype"]} for stored, t in sorted(tensors.items())},
+        "params": {"total": total, "without_embed_tokens": trainable, "by_group": params},
+        "mapping": mapping,
+        "aux_layers": aux,
+        "target": target_info,
+        "findings": findings,
+        "notes": notes,
+        "errors": errors,
+        "warnings": sum(f["severity"] == "warning" for f in findings),
+        "ok": errors == 0,
+    }, selected
+
+
+def _check_target(target, flat: dict, shape: dict, aux: dict, findings: list) -> dict:
+    """Drafter versus a target's config.json: hidden size, vocab, capture points."""
+    if not Path(target).is_dir():
+        raise MissingFile("target folder not found", where=str(target))
+    tc = _read_config(Path(target))
+    tc = tc.get("text_config", tc)
+    hidden, vocab, layers = tc.get("hidden_size"), tc.get("vocab_size"), tc.get("num_hidden_layers")
+    fc = shape.get("fc.weight")
+    if fc and isinstance(hidden, int) and (len(fc) != 2 or fc[1] != 3 * hidden):
+        findings.append(_finding("target-hidden", "error",
+                                 f"fc.weight takes {fc[1] if len(fc) == 2 else fc} inputs; the target's "
+                                 f"3 aux hidden states give 3 x {hidden} = {3 * hidden}"))
+    if isinstance(vocab, int) and flat.get("vocab_size") not in (None, vocab):
+        findings.append(_finding("target-vocab", "error",
+                                 f"drafter vocab_size {flat.get('vocab_size')} != target vocab_size {vocab}"))
+    points = aux.get("sglang_capture_points")
+    if points and isinstance(layers, int) and any(not 0 <= c < layers for c in points):
+        findings.append(_finding("target-layers", "error",
+                                 f"capture points {points} are not all inside the target's {layers} layers"))
+    return {"path": str(target), "hidden_size": hidden, "vocab_size": vocab, "num_hidden_layers": layers}
+
+
+def _check_mapping(folder, tensors, names, vocab, draft_vocab, findings) -> dict:
+    import torch
+
+    out: dict[str, Any] = {"draft_vocab_size": draft_vocab, "target_vocab_size": vocab}
+    selected = None
+    if "d2t" in names:
+        info = tensors[names["d2t"]]
+        d2t = _load_tensor(folder, info["file"], names["d2t"])
+        if d2t.dtype != torch.int64:
+            findings.append(_finding("d2t-dtype", "warning", f"d2t is {info['dtype']}; SGLang and SpecForge "
+                                                             "store int64"))
+        d2t = d2t.to(torch.int64).reshape(-1)
+        if isinstance(draft_vocab, int) and d2t.numel() != draft_vocab:
+            findings.append(_finding("d2t-length", "error",
+                                     f"d2t has {d2t.numel()} entries; draft_vocab_size is {draft_vocab}"))
+        selected = torch.arange(d2t.numel(), dtype=torch.int64) + d2t
+        if selected.numel() > 1:
+            steps = selected[1:] - selected[:-1]
+            dups = int((steps == 0).sum())
+            backs = int((steps < 0).sum())
+            if dups or backs:
+                findings.append(_finding("d2t-order", "error",
+                                         f"i + d2t[i] must be strictly increasing: {dups} repeated and "
+                                         f"{backs} decreasing steps (first at draft id "
+                                         f"{int((steps <= 0).nonzero()[0]) + 1})"))
+            uniq = int(torch.unique(selected).numel())
+            if uniq != selected.numel():
+                findings.append(_finding("d2t-duplicates", "error",
+                                         f"{selected.numel() - uniq} draft ids map to a target token "
+                                         "another draft id already covers"))
+        if selected.numel() and isinstance(vocab, int):
+            bad = int(((selected < 0) | (selected >= vocab)).sum())
+            if bad:
+                findings.append(_finding("d2t-range", "error",
+                                         f"{bad} entries of i + d2t[i] fall outside the target vocab "
+                                         f"[0, {vocab - 1}] (range found {int(selected.min())}.."
+                                         f"{int(selected.max())})"))
+        out["selected_min"] = int(selected.min()) if selected.numel() else None
+        out["selected_max"] = int(selected.max()) if selected.numel() else None
+        out["identity_prefix"] = bool(selected.numel()) and bool((d2t == 0).all())
+    if "t2d" in names:
+        info = tensors[names["t2d"]]
+        t2d = _load_tensor(folder, info["file"], names["t2d"]).reshape(-1)
+        if isinstance(vocab, int) and t2d.numel() != vocab:
+            findings.append(_finding("t2d-length", "error",
+                                     f"t2d has {t2d.numel()} entries; vocab_size is {vocab}"))
+        true = int((t2d != 0).sum())
+        out["t2d_true"] = true
+        if isinstance(draft_vocab, int) and true != draft_vocab:
+            findings.append(_finding("t2d-count", "error",
+                                     f"t2d marks {true} target tokens; draft_vocab_size is {draft_vocab}"))
+        if selected is not None:
+            marked = set((t2d != 0).nonzero().reshape(-1).tolist())
+            chosen = set(selected.tolist())
+            if marked != chosen:
+                findings.append(_finding("t2d-mismatch", "error",
+                                         f"t2d and d2t disagree: {len(chosen - marked)} ids from d2t not in "
+                                         f"t2d, {len(marked - chosen)} in t2d not from d2t"))
+    return out, (selected.tolist() if selected is not None else None)
+
+
+def aux_layer_report(ids, fmt: str = "sglang") -> dict:
+    """What capture points a config's aux layer ids (SGLang convention) imply in each runtime."""
+    if not ids:
+        return {"config_ids": None, "sglang_capture_points": None, "vllm_capture_points": None,
+                "summary": "no eagle_aux_hidden_state_layer_ids: SGLang captures its defaults "
+                           "[2, N//2, N-3] for an N-layer target"}
+    ids = [int(i) for i in ids]
+    sg = [i + 1 for i in ids]
+    stored = sg if fmt == "speculators" else ids
+    n_specforge = ids[2] + 4
+    guesses = []
+    if ids == [1, n_specforge // 2 - 1, n_specforge - 4]:
+        guesses.append(f"SpecForge's default ids for a {n_specforge}-layer target "
+                       f"(SGLang captures [2, {n_specforge // 2}, {n_specforge - 3}])")
+    n_points = ids[2] + 3
+    if ids == [2, n_points // 2, n_points - 3]:
+        guesses.append(f"SGLang's default capture points for a {n_points}-layer target written as config "
+                       f"ids: SGLang will capture one layer higher ({sg})")
+    where = "speculators eagle_aux_hidden_state_layer_ids (vLLM capture points)" if fmt == "speculators" \
+        else "eagle_config.eagle_aux_hidden_state_layer_ids"
+    summary = (f"{where} = {stored}: SGLang captures the outputs entering layers {sg} "
+               f"(HF hidden_states{sg}); a speculators export writes {sg} so vLLM reads the same layers")
+    if guesses:
+        summary += "; looks like " + " or ".join(guesses)
+    return {"config_ids": ids, "sglang_capture_points": sg, "vllm_capture_points": sg if fmt == "speculators"
+            else ids, "stored": stored, "summary": summary}
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def compare_checkpoints(a: str | Path, b: str | Path) -> dict:
+    """Side-by-side report of two drafter folders ending in a one-line verdict."""
+    (ra, sa), (rb, sb) = _inspect(a), _inspect(b)
+    ca, cb = ra["config"], rb["config"]
+    config = {k: {"a": ca.get(k), "b": cb.get(k), "same": ca.get(k) == cb.get(k)}
+              for k in sorted(set(ca) | set(cb))}
+    na, nb = _canonical(ra), _canonical(rb)
+    names = sorted(set(na) | set(nb))
+    tensors = {}
+    for n in names:
+        ta, tb = na.get(n), nb.get(n)
+        tensors[n] = {
+            "a": ta, "b": tb,
+            "same_shape": bool(ta and tb and ta["shape"] == tb["shape"]),
+            "same_dtype": bool(ta and tb and ta["dtype"] == tb["dtype"]),
+        }
+    only_a = [n for n in names if n in na and n not in nb]
+    only_b = [n for n in names if n in nb and n not in na]
+    shape_diff = [n for n in names if n in na and n in nb and not tensors[n]["same_shape"]]
+    dtype_diff = [n for n in names if n in na and n in nb and not tensors[n]["same_dtype"]]
+    mapping = _mapping_overlap(sa, sb)
+
+    why = []
+    for key in ("vocab_size", "hidden_size", "target_hidden_size", "draft_vocab_size"):
+        if ca.get(key) != cb.get(key):
+            why.append(f"{key} {ca.get(key)} vs {cb.get(key)}")
+    if shape_diff:
+        why.append(f"tensor shapes differ ({', '.join(shape_diff[:3])})")
+    for label, r in (("A", ra), ("B", rb)):
+        if r["errors"]:
+            codes = sorted({f["code"] for f in r["findings"] if f["severity"] == "error"})
+            why.append(f"{label} has errors ({', '.join(codes)})")
+    required_missing = [n for n in only_a + only_b if n in REQUIRED_KEYS and n != "t2d"]
+    if required_missing:
+        why.append(f"required tensors missing on one side ({', '.join(required_missing)})")
+    notes = []
+    if only_a or only_b:
+        notes.append(f"keys only in A: {only_a or 'none'}; only in B: {only_b or 'none'}")
+    if dtype_diff:
+        notes.append(f"dtypes differ for {len(dtype_diff)} tensors")
+    if ca.get("aux_layer_ids") != cb.get("aux_layer_ids"):
+        notes.append(f"aux layer ids differ: {ca.get('aux_layer_ids')} vs {cb.get('aux_layer_ids')} "
+                     "(each drafter carries its own; check the target serves both)")
+    if why:
+        verdict = "incompatible: " + "; ".join(why)
+    elif mapping.get("identical"):
+        verdict = "drop-in compatible"
+    else:
+        verdict = ("compatible after remap: same shapes, but the d2t mappings differ "
+                   f"({mapping.get('position_matches')} of {mapping.get('size_a')} positions agree); "
+                   "lm_head rows must be moved by target token id before reusing weights")
+    return {
+        "a": {"path": ra["path"], "format": ra["format"], "errors": ra["errors"], "params": ra["params"]},
+        "b": {"path": rb["path"], "format": rb["format"], "errors": rb["errors"], "params": rb["params"]},
+        "config": config,
+        "tensors": tensors,
+        "only_a": only_a,
+        "only_b": only_b,
+        "shape_differences": shape_diff,
+        "dtype_differences": dtype_diff,
+        "mapping": mapping,
+        "notes": notes,
+        "verdict": verdict,
+        "compatible": not why,
+    }
+
+
+def _canonical(report: dict) -> dict[str, dict]:
+    out = {}
+    for stored, t in report["tensors"].items():
+        canon = stored
+        if report["format"] == "speculators" and canon.startswith("layers.0."):
+            canon = "midlayer." + canon[len("layers.0."):]
+        elif canon.startswith("model."):
+            canon = canon[len("model."):]
+        out[canon] = t
+    return out
+
+
+def _mapping_overlap(sa, sb) -> dict:
+    if sa is None or sb is None:
+        return {"available": False}
+    A, B = set(sa), set(sb)
+    inter = len(A & B)
+    union = len(A | B)
+    n = min(len(sa), len(sb))
+    pos = sum(1 for i in range(n) if sa[i] == sb[i])
+    return {
+        "available": True,
+        "size_a": len(sa),
+        "size_b": len(sb),
+        "position_matches": pos,
+        "position_match_pct": round(100.0 * pos / max(len(sa), len(sb), 1), 2),
+        "set_overlap": inter,
+        "jaccard": round(inter / union, 4) if union else 1.0,
+        "identical": sa == sb,
+    }
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def render_inspection(report: dict) -> str:
+    c = report["config"]
+    lines = [
+        f"{report['path']}  [{report['format']} format, {', '.join(report['files'])}]",
+        "config: " + ", ".join(f"{k}={c[k]}" for k in (
+            "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "draft_vocab_size", "target_hidden_size", "torch_dtype") if k in c),
+        f"params: {report['params']['total']:,} total, "
+        f"{report['params']['without_embed_tokens']:,} without embed_tokens",
+        "tensors:",
+    ]
+    width = max((len(n) for n in report["tensors"]), default=0)
+    for name, t in report["tensors"].items():
+        lines.append(f"  {name:<{width}}  {str(t['shape']):<18} {t['dtype']}")
+    m = report["mapping"]
+    if m.get("selected_min") is not None:
+        lines.append(f"mapping: draft ids -> target ids {m['selected_min']}..{m['selected_max']}"
+                     + (f", t2d marks {m['t2d_true']}" if "t2d_true" in m else ""))
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    lines.append("findings:" if report["findings"] else "findings: none")
+    for f in report["findings"]:
+        lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
+    verdict = "OK: no errors" if report["ok"] else f"FAIL: {report['errors']} error(s)"
+    lines.append(f"{verdict}, {report['warnings']} warning(s)")
+    return "\n".join(lines)
+
+
+def render_comparison(report: dict) -> str:
+    lines = [f"A: {report['a']['path']} [{report['a']['format']}]",
+             f"B: {report['b']['path']} [{report['b']['format']}]", "config:"]
+    for k, v in report["config"].items():
+        mark = " " if v["same"] else "*"
+        lines.append(f" {mark} {k:<26} {str(v['a']):<20} {v['b']}")
+    lines.append("tensors:")
+    for n, t in report["tensors"].items():
+        fa = f"{t['a']['shape']} {t['a']['dtype']}" if t["a"] else "absent"
+        fb = f"{t['b']['shape']} {t['b']['dtype']}" if t["b"] else "absent"
+        mark = " " if (t["same_shape"] and t["same_dtype"]) else "*"
+        lines.append(f" {mark} {n:<42} {fa:<24} {fb}")
+    m = report["mapping"]
+    if m.get("available"):
+        lines.append(f"mapping: {m['position_matches']}/{m['size_a']} positions match "
+                     f"({m['position_match_pct']}%), set overlap {m['set_overlap']}, Jaccard {m['jaccard']}")
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    lines.append(f"verdict: {report['verdict']}")
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Tiny random models and drafter checkpoints shared by the model-side tests (CPU, fast)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 128
+DRAFT_VOCAB = 40
+
+
+def tiny_llama_config(**over):
+    from transformers import LlamaConfig
+
+    kw = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              rms_norm_eps=1e-6, tie_word_embeddings=False)
+    kw.update(over)
+    return LlamaConfig(**kw)
+
+
+def tiny_qwen2_config(**over):
+    from transformers import Qwen2Config
+
+    kw = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=6,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+              rms_norm_eps=1e-6, tie_word_embeddings=True)
+    kw.update(over)
+    return Qwen2Config(**kw)
+
+
+def tiny_causal_lm(config, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def tiny_drafter(config=None, *, selected=None, seed: int = 0, dtype: str = "float32"):
+    from eaglekb.drafter import build_drafter_for_target
+
+    config = config or tiny_llama_config()
+    selected = list(range(0, 2 * DRAFT_VOCAB, 2)) if selected is None else selected
+    return build_drafter_for_target(config, len(selected), mapping=selected, seed=seed,
+                                    torch_dtype=dtype)
+
+
+def write_drafter(path: Path, *, selected=None, fmt: str = "sglang", seed: int = 0) -> Path:
+    from eaglekb.drafter import save_drafter
+
+    return save_drafter(tiny_drafter(selected=selected, seed=seed), path, format=fmt)
+
+
+def rewrite_tensors(path: Path, edit) -> None:
+    """Load model.safetensors, let ``edit(dict)`` change it in place, write it back."""
+    from safetensors.torch import load_file, save_file
+
+    file = Path(path) / "model.safetensors"
+    tensors = load_file(str(file))
+    edit(tensors)
+    save_file(tensors, str(file))
+
+
+def rewrite_config(path: Path, edit) -> None:
+    file = Path(path) / "config.json"
+    doc = json.loads(file.read_text())
+    edit(doc)
+    file.write_text(json.dumps(doc))
