@@ -25,12 +25,7 @@ def build(root: Path, site: Path):
                           cwd=root, capture_output=True, text=True, env=env, timeout=600)
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    proc = build(ROOT, out)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
+from site_build import site  # noqa: E402,F401 - the one strict build shared by the site tests
 
 
 def test_site_renders_baselines_and_is_offline(site):

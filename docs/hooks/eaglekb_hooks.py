@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,7 @@ def _default_plots(baseline) -> list[str | None]:
     return plots
 
 
+@event_priority(50)  # before plugins (llmstxt expands its globs in on_files): they see the generated pages
 def on_files(files, config):
     try:
         for bid, baseline in STATE["baselines"].items():
@@ -177,7 +179,14 @@ def _git_commit(path: str) -> str:
                              capture_output=True, text=True, timeout=10, check=False).stdout.strip()
     except OSError:
         out = ""
-    return out or "uncommitted"
+    if not out:
+        return "uncommitted"
+    try:  # a build from a working tree with edited baselines shows numbers no commit has
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", path], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except OSError:
+        dirty = ""
+    return out + (" plus uncommitted changes" if dirty else "")
 
 
 def _replace(match: re.Match, page) -> str:
@@ -229,7 +238,9 @@ def _replace(match: re.Match, page) -> str:
         return _schema()
     if name == "version":
         need(0)
-        return f"eaglekb {__version__}, baselines at commit {_git_commit('baselines')}"
+        docs = os.environ.get("MIKE_DOCS_VERSION")  # set by mike (`invoke docs.deploy`)
+        return (f"eaglekb {__version__}" + (f" (docs version {docs})" if docs else "")
+                + f", baselines at commit {_git_commit('baselines')}")
     raise EaglekbError("unknown placeholder", where=where, expected="one of the names in docs/hooks/eaglekb_hooks.py", found=name)
 
 
@@ -237,6 +248,8 @@ def on_page_markdown(markdown, page, config, files):
     try:
         if page.file.src_uri.startswith("findings/F"):
             f = knowledge.parse_finding(page.meta, page.file.src_uri)
+            # Material reads `status` as its own page-status marker (an icon in the nav): keep ours apart.
+            page.meta["finding_status"] = page.meta.pop("status")
             markdown = _finding_box(f, page.file.src_uri) + "\n" + markdown
         return PLACEHOLDER.sub(lambda m: _replace(m, page), markdown)
     except EaglekbError as exc:

@@ -106,6 +106,7 @@ def index(findings: dict[str, Finding], baselines: dict[str, Baseline]) -> dict[
                 "summary": b.summary,
                 "created_at": b.created_at,
                 "command": b.provenance.command,
+                "config": b.config,
                 "git_commit": b.provenance.git_commit,
                 "metrics": flatten(b.metrics),
                 "file": f"baselines/{b.kind}/{b.name}.json",

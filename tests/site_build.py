@@ -1,0 +1,108 @@
+"""Shared by the site tests: build the site once per test session, serve a folder on 127.0.0.1.
+
+Not a conftest: test modules import it (``from site_build import ...``; pytest puts tests/ on
+sys.path). ``built_site`` caches its result for the whole session, so every module that asks
+for the site gets the same build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.server
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run", "--disable-sync"]
+_BUILT: dict[str, Path] = {}
+
+
+def build_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`mkdocs build --strict` of this checkout into a session temp folder, once per session."""
+    if "site" not in _BUILT:
+        out = tmp_path_factory.mktemp("site")
+        proc = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
+            cwd=ROOT, capture_output=True, text=True, env=build_env(EAGLEKB_ROOT=str(ROOT)), timeout=300,
+        )
+        assert proc.returncode == 0, "strict site build failed:\n" + (proc.stderr + proc.stdout)[-3000:]
+        _BUILT["site"] = out
+    return _BUILT["site"]
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    """The built site folder (import this fixture into a test module to use it)."""
+    return built_site(tmp_path_factory)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+
+@contextlib.contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """Serve FOLDER on 127.0.0.1 at a free port from a thread; yields the base URL (ending in /)."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def browser_skip_reason() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    if not os.path.exists(CHROMIUM):
+        return f"{CHROMIUM} not found: install Debian's chromium package (apt-get install -y chromium); no browser is downloaded"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "python playwright not installed (pip install -e '.[test]')"
+    return None
+
+
+def working_tree_repo(dst: Path) -> Path:
+    """A fresh git repository at DST holding this checkout's working tree (tracked plus untracked,
+    not ignored files) in one commit, so mike can commit to its own gh-pages branch there."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=False)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: mike needs one")
+    for rel in filter(None, listed.stdout.decode().split("\0")):
+        src = ROOT / rel
+        if src.is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / rel)
+    env = git_env()
+    for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "-A"],
+                ["git", "commit", "-q", "-m", "working tree for the docs deploy test"]):
+        subprocess.run(cmd, cwd=dst, env=env, check=True, capture_output=True)
+    return dst
+
+
+def git_env(**extra: str) -> dict[str, str]:
+    """A git identity and no user config, so commits work on a bare CI machine."""
+    return build_env(**extra, GIT_AUTHOR_NAME="eaglekb tests", GIT_AUTHOR_EMAIL="tests@eaglekb.invalid",
+                     GIT_COMMITTER_NAME="eaglekb tests", GIT_COMMITTER_EMAIL="tests@eaglekb.invalid",
+                     GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
