@@ -1,0 +1,84 @@
+"""`invoke datagen`: self-distilled training data (token ids, loss masks, target hidden states)."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from runbooks._common import cli_errors, emit, finish
+
+NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.25,
+         "tolerance_abs": {"bytes_per_token_bytes": 64.0}}
+
+
+@task(
+    default=True,
+    iterable=["corpus"],
+    help={
+        "target": "model: an embedded name (smollm2-135m), a local folder or a HF repo id",
+        "corpus": "prompt source, repeatable (wiki, chitchat, gsm8k, gpqa, aime); default wiki+chitchat+gsm8k",
+        "per_source": "prompts taken from each corpus (train split, shuffled with --seed)",
+        "prompts_file": "prompts from a file instead (JSON lines with prompt/messages, or one per line)",
+        "out": "dataset folder (default .eaglekb/datasets/<target>-<n>-<mode>); a rerun resumes it",
+        "mode": "greedy or sampled regeneration",
+        "temperature": "sampled mode: temperature",
+        "top_p": "sampled mode: nucleus top-p",
+        "max_new_tokens": "response budget per prompt",
+        "max_len": "prompt + response tokens kept per sequence",
+        "batch_size": "prompts per generate/featurise batch",
+        "shard_size": "sequences per safetensors shard",
+        "features": "stored (hidden states in shards) or online (ids and masks only; training runs the target)",
+        "no_final_hidden": "store only the target argmax (hard labels), not its final hidden state",
+        "dtype": "storage dtype of hidden states (bfloat16, float16, float32)",
+        "device": "cpu or cuda",
+        "device_map": "spread a large target over GPUs (transformers device_map, e.g. auto)",
+        "server": "regenerate through a running SGLang server (OpenAI API), e.g. http://127.0.0.1:30000",
+        "server_model": "model name sent to the server",
+        "seed": "prompt shuffling and sampling seed",
+        "threads": "torch CPU threads (default: torch's choice; 1 is fastest on a loaded shared machine)",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/datagen/NAME.json",
+        "compare": "compare with baselines/datagen/NAME.json",
+    },
+)
+def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=None, out=None, mode="greedy",
+            temperature=0.7, top_p=0.95, max_new_tokens=256, max_len=1024, batch_size=8, shard_size=256,
+            features="stored", no_final_hidden=False, dtype="bfloat16", device="cpu", device_map=None,
+            server=None, server_model="default", seed=0, json=False, record=None, compare=None, threads=None):
+    """Regenerate responses with the target and store what EAGLE-3 training reads (resumable)."""
+    with cli_errors():
+        from pathlib import Path
+
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))
+
+        from eaglekb import datagen as dg
+        from eaglekb import sources
+
+        path = sources.resolve(str(target))
+        prompts = dg.prompt_set(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))
+        cfg = dg.DatagenConfig(max_new_tokens=int(max_new_tokens), max_len=int(max_len), batch_size=int(batch_size),
+                               mode=mode, temperature=float(temperature), top_p=float(top_p), seed=int(seed),
+                               shard_size=int(shard_size), features=features, store_final_hidden=not no_final_hidden,
+                               dtype=dtype)
+        name = Path(str(target)).name
+        out = Path(out) if out else Path(".eaglekb/datasets") / f"{name}-{len(prompts)}-{mode}"
+        manifest = dg.build(path, prompts, out, cfg, device=device, device_map=device_map, server=server,
+                            server_model=server_model, progress=not json)
+        doc = {"out": str(out), "totals": manifest["totals"], "last_run": manifest.get("last_run"),
+               "prompts": manifest.get("prompts")}
+        metrics = {k: v for k, v in dg.storage_report(manifest).items() if v is not None}
+        config = {"target": str(target), "corpus": list(corpus or dg.DEFAULT_CORPORA) if not prompts_file else None,
+                  "prompts_file": prompts_file, "per_source": int(per_source), "device": device,
+                  "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, **cfg.__dict__}
+        doc.update(finish(kind="datagen", record=record, compare=compare, config=config, metrics=metrics,
+                          noise=NOISE, summary=f"{metrics['bytes_per_token_bytes']} bytes/token on disk "
+                          f"({metrics['hidden_state_bytes_per_token_bytes']} of them hidden states), "
+                          f"{metrics['tokens_count']} tokens"))
+    text = dg.render_text(manifest, out)
+    if "recorded" in doc:
+        text += f"\nrecorded {doc['baseline_id']} -> {doc['recorded']}"
+    if "comparison_text" in doc:
+        text += "\n" + doc["comparison_text"]
+    emit(doc, text, json)

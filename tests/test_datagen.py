@@ -1,0 +1,235 @@
+"""eaglekb.datagen: regeneration, features, shards, resume, the SGLang client path (CPU, tiny models)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from eaglekb import datagen
+from eaglekb.corpora import Prompt, PromptSet
+from eaglekb.errors import Incompatible, IntegrityError, SchemaError, Unavailable
+
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!'\n"
+
+
+def tiny_tokenizer():
+    """A character-level fast tokenizer with ChatML specials (ids 0-2) and a chat template."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for ch in CHARS:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
+                                   eos_token="<|im_end|>", pad_token="<|im_end|>")
+    fast.chat_template = CHATML
+    return fast
+
+
+def make_target(folder: Path, *, seed: int = 0, hidden: int = 32) -> Path:
+    """A tiny random Llama with the char tokenizer, saved as a transformers folder."""
+    from fixtures_models import tiny_causal_lm, tiny_llama_config
+
+    cfg = tiny_llama_config(max_position_embeddings=512, hidden_size=hidden, eos_token_id=2, pad_token_id=2,
+                            bos_token_id=1)
+    model = tiny_causal_lm(cfg, seed=seed)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 2
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder
+
+
+def prompts(n: int = 6) -> PromptSet:
+    texts = ["tell me about owls.", "what is two plus two?", "hello there", "write a poem about rain.",
+             "why is the sky blue?", "count to five.", "name a fruit.", "say hi."]
+    items = [Prompt(id=f"t:{i}", source="t", messages=({"role": "user", "content": texts[i % len(texts)]},))
+             for i in range(n)]
+    from eaglekb.corpora import prompts_hash
+
+    return PromptSet("tiny", items, manifest={"source": "tiny", "count": n, "sha256": prompts_hash(items)})
+
+
+def small_cfg(**over) -> datagen.DatagenConfig:
+    kw = dict(max_new_tokens=12, max_len=96, batch_size=3, shard_size=4, dtype="float32")
+    kw.update(over)
+    return datagen.DatagenConfig(**kw)
+
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One torch thread: several times faster on a shared, loaded CPU; restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return make_target(tmp_path_factory.mktemp("target") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return datagen.load_target(target_dir, dtype="float32")
+
+
+def test_generate_store_and_read(target, tmp_path):
+    out = tmp_path / "data"
+    man = datagen.run(target, prompts(6), out, small_cfg(), progress=False)
+    assert man["totals"]["sequences"] == 6 and len(man["shards"]) == 2
+    ds = datagen.open_dataset(out, verify="sha256")
+    assert len(ds) == 6 and ds.capture_points == target.capture_points
+    seq = ds.get(0)
+    n = len(seq["input_ids"])
+    assert seq["aux_hidden"].shape == (n, 3 * 32) and seq["final_hidden"].shape == (n, 32)
+    # the loss mask covers exactly the response: after the assistant header
+    prefix = datagen.chat_prefix_ids(target.tokenizer, prompts(1).prompts[0].messages)
+    assert seq["loss_mask"][: len(prefix)].sum() == 0 and seq["loss_mask"][len(prefix):].all()
+    # greedy self-distillation: the stored argmax of position p is the token at p+1 in the response
+    ids, am = seq["input_ids"].long(), seq["target_argmax"].long()
+    resp = torch.arange(len(prefix) - 1, n - 1)
+    assert torch.equal(am[resp], ids[resp + 1])
+    # stored features equal a fresh target pass
+    res = target.forward(ids[None])
+    assert torch.allclose(res.aux_hidden[0], seq["aux_hidden"], atol=1e-5)
+    assert (out / datagen.HEAD_FILE).is_file()
+    rep = datagen.storage_report(man)
+    assert rep["hidden_state_bytes_per_token_bytes"] == 4 * 32 * 4 and rep["bytes_per_token_bytes"] > 4 * 32 * 4
+
+
+def test_resume_skips_written_shards_and_refuses_other_config(target, tmp_path):
+    out = tmp_path / "data"
+    datagen.run(target, prompts(8), out, small_cfg(), progress=False, stop_after_shards=1)
+    first = (out / "shard-00000.safetensors").stat().st_mtime_ns
+    man = datagen.run(target, prompts(8), out, small_cfg(), progress=False)
+    assert man["last_run"]["shards_skipped_count"] == 1 and man["last_run"]["shards_written_count"] == 1
+    assert (out / "shard-00000.safetensors").stat().st_mtime_ns == first
+    full = datagen.run(target, prompts(8), tmp_path / "ref", small_cfg(), progress=False)
+    a, b = datagen.open_dataset(out), datagen.open_dataset(tmp_path / "ref")
+    assert all(torch.equal(a.get(i)["input_ids"], b.get(i)["input_ids"]) for i in range(8))
+    assert full["totals"]["tokens"] == man["totals"]["tokens"]
+    before = (out / datagen.MANIFEST).read_text()
+    with pytest.raises(Incompatible, match="another config"):
+        datagen.run(target, prompts(8), out, small_cfg(max_new_tokens=5), progress=False)
+    assert (out / datagen.MANIFEST).read_text() == before
+
+
+def test_sampled_mode_is_seeded_and_online_mode_stores_ids_only(target, tmp_path):
+    a = datagen.run(target, prompts(3), tmp_path / "a", small_cfg(mode="sampled", seed=3), progress=False)
+    b = datagen.run(target, prompts(3), tmp_path / "b", small_cfg(mode="sampled", seed=3), progress=False)
+    assert a["totals"]["tokens"] == b["totals"]["tokens"]
+    on = datagen.run(target, prompts(3), tmp_path / "on", small_cfg(features="online"), progress=False)
+    seq = datagen.open_dataset(tmp_path / "on").get(0)
+    assert set(seq) == {"input_ids", "loss_mask"} and on["totals"]["hidden_bytes_per_token"] == 0
+    feats = datagen.OnlineFeatures(target)(seq["input_ids"].long()[None], torch.ones(1, len(seq["input_ids"])))
+    assert feats["aux_hidden"].shape[-1] == 96
+
+
+def test_corrupt_or_truncated_shard_is_one_line(target, tmp_path):
+    out = tmp_path / "data"
+    datagen.run(target, prompts(4), out, small_cfg(), progress=False)
+    shard = out / "shard-00000.safetensors"
+    raw = bytearray(shard.read_bytes())
+    raw[:8] = b"\xff" * 8
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(IntegrityError, match="unreadable shard") as err:
+        datagen.open_dataset(out)
+    assert "\n" not in str(err.value)
+    shard.write_bytes(bytes(raw[:100]))
+    with pytest.raises(IntegrityError, match="size differs"):
+        datagen.open_dataset(out)
+
+
+# ----------------------------------------------------------------------------- SGLang client path
+
+
+class _Fake(BaseHTTPRequestHandler):
+    requests: list = []
+    fail_after: int | None = None
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        if cls.fail_after is not None and len(cls.requests) >= cls.fail_after:
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b"overloaded")
+            return
+        cls.requests.append((self.path, body))
+        text = "echo " + body["messages"][-1]["content"][:10]
+        doc = {"id": "x", "object": "chat.completion",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+        data = json.dumps(doc).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server():
+    _Fake.requests = []
+    _Fake.fail_after = None
+    httpd = HTTPServer(("127.0.0.1", 0), _Fake)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", _Fake
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_request_building_and_parsing():
+    client = datagen.ServerClient("http://127.0.0.1:1/", model="kimi")
+    msgs = [{"role": "user", "content": "hi"}]
+    greedy = client.build_request(msgs, datagen.DatagenConfig(max_new_tokens=7))
+    assert greedy == {"model": "kimi", "messages": msgs, "max_tokens": 7, "temperature": 0.0}
+    sampled = client.build_request(msgs, datagen.DatagenConfig(mode="sampled", temperature=0.6, top_p=0.9), seed=5)
+    assert sampled["temperature"] == 0.6 and sampled["top_p"] == 0.9 and sampled["seed"] == 5
+    doc = {"choices": [{"message": {"content": "ok"}, "finish_reason": "length"}]}
+    assert datagen.ServerClient.parse_response(doc) == ("ok", "length")
+    with pytest.raises(SchemaError, match="not a chat-completions response"):
+        datagen.ServerClient.parse_response({"error": "bad"})
+
+
+def test_server_regeneration_resumes_and_featurises(server, target, tmp_path):
+    url, fake = server
+    client = datagen.ServerClient(url)
+    cfg = small_cfg()
+    progress = tmp_path / "responses.jsonl"
+    fake.fail_after = 2
+    with pytest.raises(Unavailable, match="HTTP 503"):
+        datagen.regenerate_via_server(prompts(4).prompts, client, cfg, progress, progress=False)
+    assert len(datagen.read_progress(progress)) == 2
+    with open(progress, "a") as fh:  # an interrupted write leaves a torn line
+        fh.write('{"id": "t:9", "resp')
+    fake.fail_after = None
+    done = datagen.regenerate_via_server(prompts(4).prompts, client, cfg, progress, progress=False)
+    assert len(done) == 4 and len(fake.requests) == 4  # the first two were not asked again
+    assert fake.requests[0][0] == "/v1/chat/completions" and fake.requests[0][1]["temperature"] == 0.0
+    man = datagen.run(target, prompts(4), tmp_path / "data", cfg, progress=False, responses=done)
+    seq = datagen.open_dataset(tmp_path / "data").get(0)
+    text = "".join(target.tokenizer.convert_ids_to_tokens(seq["input_ids"][seq["loss_mask"].bool()].tolist()))
+    assert text.startswith("echo tell me") and man["identity"]["config"]["source"] == "sglang"
+
+
+def test_unreachable_server_is_one_line(tmp_path):
+    client = datagen.ServerClient("http://127.0.0.1:9", timeout=2)
+    with pytest.raises(Unavailable, match="server unreachable"):
+        datagen.regenerate_via_server(prompts(1).prompts, client, small_cfg(), tmp_path / "r.jsonl", progress=False)
