@@ -66,7 +66,7 @@ def command_line() -> str:
 
     argv = list(sys.argv)
     if argv:
-        argv[0] = "invoke" if argv[0].endswith(("invoke", "inv")) else argv[0]
+        argv[0] = "invoke" if argv[0].endswith(("invoke", "inv", "invoke/__main__.py")) else argv[0]
     return " ".join(shlex.quote(a) for a in argv)
 
 

@@ -1,0 +1,99 @@
+"""`invoke remap`: move a drafter's lm_head rows to a new mapping by target token id.
+
+`invoke remap.measure` runs the measured check on real held-out data (see docs/howto/vocab.md).
+"""
+
+from __future__ import annotations
+
+from invoke import task
+
+from runbooks._common import cli_errors, emit, finish
+
+
+def _tail(doc):
+    lines = []
+    if "recorded" in doc:
+        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
+    if "comparison_text" in doc:
+        lines.append(doc["comparison_text"])
+    return ("\n" + "\n".join(lines)) if lines else ""
+
+
+@task(
+    default=True,
+    help={
+        "drafter": "source drafter folder (SGLang/SpecForge or speculators format)",
+        "mapping": "the new mapping: mapping .safetensors, drafter folder, SpecForge .pt, or d2t.npy folder",
+        "out": "folder for the remapped drafter (must not exist or be empty, unless --force)",
+        "init": "rows for tokens new to the mapping: target-fit (default with --target), target-scaled, "
+                "target, mean (default without --target), zeros",
+        "target": "the target model (name, folder or repo id) whose lm_head rows initialise new tokens",
+        "source_counts": "token counts of the source drafter's training data (count or mapping file): "
+                         "reports the mass lost with dropped tokens",
+        "force": "replace a non-empty --out",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/remap/NAME.json",
+        "compare": "compare with baselines/remap/NAME.json",
+    },
+)
+def remap(c, drafter, mapping, out, init=None, target=None, source_counts=None, force=False, json=False,
+          record=None, compare=None):
+    """New drafter: each kept token's lm_head row moved to its new position; new rows initialised."""
+    with cli_errors():
+        from eaglekb import remap as R
+        from eaglekb import vocab
+
+        new_map = vocab.load_mapping(mapping)
+        counts = vocab.load_counts(source_counts) if source_counts else None
+        target_path = None
+        if target:
+            from eaglekb import sources
+
+            target_path = sources.resolve(target)
+        report = R.remap_drafter(drafter, new_map, out, init=init, target=target_path, source_counts=counts,
+                                 force=force)
+        doc = dict(report)
+        if record or compare:
+            metrics = {k + "_count": report[k] for k in ("kept", "moved", "stayed", "new", "dropped")}
+            for k in ("source_mass_lost_frac", "new_mass_frac"):
+                if k in report:
+                    metrics[k] = round(report[k], 6)
+            config = {"drafter": str(drafter), "mapping": str(mapping), "init": report["init"],
+                      "target": target, "source_counts": source_counts}
+            doc.update(finish(kind="remap", record=record, compare=compare, config=config, metrics=metrics,
+                              noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
+                              summary=f"kept {report['kept']}, moved {report['moved']}, new {report['new']}, "
+                                      f"dropped {report['dropped']}"))
+    emit(doc, R.render_remap(report) + _tail(doc), json)
+
+
+@task(
+    help={
+        "mapping_a": "the source drafter's mapping (built with vocab.build)",
+        "mapping_b": "the new mapping",
+        "target": "target model (default smollm2-135m)",
+        "eval_corpus": "held-out prompts, repeatable (default gsm8k-eval); eval split only",
+        "eval_limit": "prompts per eval corpus (default 200)",
+        "train_corpus": "prompts the fitted head trains on, repeatable (default wiki, chitchat); train split",
+        "train_limit": "prompts per train corpus for the fitted head (default 300)",
+        "fit_steps": "Adam steps for the fitted head (default 600; 0 skips it)",
+        "out": "also write the source and remapped drafter folders under this folder",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/remap/NAME.json",
+        "compare": "compare with baselines/remap/NAME.json",
+    },
+    iterable=["eval_corpus", "train_corpus"],
+)
+def measure(c, mapping_a, mapping_b, target="smollm2-135m", eval_corpus=None, eval_limit=200, train_corpus=None,
+            train_limit=300, fit_steps=600, out=None, json=False, record=None, compare=None):
+    """Measured check: the remap keeps every kept token's prediction; compare inits on held-out data."""
+    with cli_errors():
+        from eaglekb import remap as M
+
+        result = M.measure(mapping_a, mapping_b, target=target, eval_corpora=eval_corpus or ["gsm8k-eval"],
+                           eval_limit=int(eval_limit), train_corpora=train_corpus or ["wiki", "chitchat"],
+                           train_limit=int(train_limit), fit_steps=int(fit_steps), out=out, progress=not json)
+        doc = dict(result)
+        doc.update(finish(kind="remap", record=record, compare=compare, config=result["config"],
+                          metrics=result["metrics"], noise=result["noise"], summary=result["summary"]))
+    emit(doc, M.render(result) + _tail(doc), json)

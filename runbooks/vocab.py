@@ -1,0 +1,131 @@
+"""`invoke vocab.build` and `invoke vocab.compare A B`: draft-vocab mappings (d2t/t2d)."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from runbooks._common import cli_errors, emit, finish
+
+
+def _tail(doc):
+    lines = []
+    if "recorded" in doc:
+        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
+    if "comparison_text" in doc:
+        lines.append(doc["comparison_text"])
+    return ("\n" + "\n".join(lines)) if lines else ""
+
+
+def _int(value, option):
+    from eaglekb.errors import BadInput
+
+    try:
+        return int(str(value))
+    except ValueError:
+        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
+
+
+@task(
+    iterable=["corpus"],
+    help={
+        "out": "where to write the mapping (.safetensors: d2t, t2d, counts + metadata)",
+        "draft_vocab_size": "N, the number of target tokens the drafter predicts (e.g. 4096, 32000)",
+        "counts": "a token-count file (safetensors 'counts') to build from",
+        "dataset": "a datagen dataset folder (shards with input_ids + loss_mask) to count",
+        "corpus": "count real prompt text instead: a corpus name, repeatable (wiki, chitchat, gsm8k, gpqa, aime)",
+        "per_source": "prompts per corpus when counting corpora (default: all of the train split)",
+        "seed": "shuffle seed for the --per-source sample (default 0)",
+        "target": "model whose tokenizer and chat template render the corpora (default smollm2-135m)",
+        "save_counts": "also write the token counts to this file",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/vocab/NAME.json",
+        "compare": "compare with baselines/vocab/NAME.json",
+    },
+)
+def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_source=None,
+          target="smollm2-135m", seed=0, save_counts=None, json=False, record=None, compare=None):
+    """Build a d2t/t2d mapping from token counts (SpecForge/speculators rule: top N, ties by id, sorted)."""
+    with cli_errors():
+        from eaglekb import vocab
+        from eaglekb.errors import BadInput
+
+        n = _int(draft_vocab_size, "--draft-vocab-size")
+        given = [x for x in (counts, dataset, corpus) if x]
+        if len(given) != 1:
+            raise BadInput("say what to count", where="vocab.build", expected="exactly one of --counts, "
+                           "--dataset, --corpus", found=f"{len(given)} given")
+        config = {"draft_vocab_size": n}
+        if counts:
+            tc = vocab.load_counts(counts)
+            config["counts"] = str(counts)
+        elif dataset:
+            tc = vocab.counts_from_dataset(dataset)
+            config["dataset"] = str(dataset)
+        else:
+            from transformers import AutoTokenizer
+
+            from eaglekb import corpora, sources
+
+            limit = _int(per_source, "--per-source") if per_source else 10**9
+            prompts = corpora.mix(corpus, per_source=limit, seed=_int(seed, "--seed"))
+            tok = AutoTokenizer.from_pretrained(str(sources.resolve(target)))
+            tc = vocab.counts_from_prompts(prompts, tok, progress=True)
+            config.update(corpora=list(corpus), per_source=per_source and limit, target=target,
+                          counted=tc.meta["what"], prompts_count=len(prompts), seed=int(seed),
+                          manifest_sha256=prompts.manifest["sha256"],
+                          note="prompt text stands in for training targets (assistant tokens) where no "
+                               "generated dataset exists; build from --dataset for the real thing")
+        if save_counts:
+            vocab.save_counts(save_counts, tc)
+        mapping = vocab.build_mapping(tc, n)
+        path = vocab.save_mapping(out, mapping)
+        doc = {"out": str(path), **mapping.meta}
+        metrics = {"draft_vocab_tokens": n, "target_vocab_tokens": mapping.vocab_size,
+                   "counted_tokens": tc.total, "seen_count": tc.seen,
+                   "padded_count": mapping.meta["padded_tokens"],
+                   "coverage_pct": round(100 * mapping.meta["coverage_frac"], 4)}
+        doc.update(finish(kind="vocab", record=record, compare=compare, config=config, metrics=metrics,
+                          noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
+                          summary=f"top {n} of {mapping.vocab_size} tokens cover "
+                                  f"{metrics['coverage_pct']:.2f}% of {tc.total:,} counted tokens"))
+    emit(doc, vocab.render_build(mapping, path) + _tail(doc), json)
+
+
+@task(
+    help={
+        "a": "mapping A: a mapping .safetensors, a drafter folder, SpecForge vocab_mapping.pt, or a d2t.npy folder",
+        "b": "mapping B (same kinds)",
+        "counts": "a reference token distribution (count file or mapping file with counts) for coverage",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/vocab/NAME.json",
+        "compare": "compare with baselines/vocab/NAME.json",
+    },
+)
+def compare(c, a, b, counts=None, json=False, record=None, compare=None):
+    """Position matches, set overlap, Jaccard, coverage, and why positions disagree."""
+    with cli_errors():
+        from eaglekb import vocab
+
+        ma, mb = vocab.load_mapping(a), vocab.load_mapping(b)
+        ref = vocab.load_counts(counts) if counts else None
+        doc = vocab.compare_mappings(ma, mb, ref)
+        config = {"a": str(a), "b": str(b), "counts": str(counts) if counts else None,
+                  "a_meta": _brief(ma), "b_meta": _brief(mb)}
+        doc.update(finish(kind="vocab", record=record, compare=compare, config=config,
+                          metrics=vocab.comparison_metrics(doc),
+                          noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
+                          summary=f"{doc['position_matches']} of {max(ma.draft_vocab_size, mb.draft_vocab_size)} "
+                                  f"positions match, set overlap {doc['set_overlap']} "
+                                  f"(Jaccard {doc['jaccard']:.3f})"))
+    emit(doc, vocab.render_comparison(doc) + _tail(doc), json)
+
+
+def _brief(mapping):
+    meta = dict(mapping.meta)
+    if mapping.counts is not None:
+        cm = mapping.counts.meta
+        meta["counted"] = cm.get("what")
+        man = cm.get("manifest") or {}
+        meta["manifest"] = {k: man.get(k) for k in ("count", "sha256", "seed") if k in man} | (
+            {"sources": [m.get("source") for m in man.get("mix", [])]} if "mix" in man else {})
+    return meta
