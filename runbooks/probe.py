@@ -1,0 +1,80 @@
+"""`invoke probe`: plug a drafter into a target; acceptance offline and online, and a verdict."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from runbooks._common import cli_errors, emit, finish, parse_floats
+
+DEFAULT_RECORD = "smollm2-135m-default"
+
+
+def _int(value, option):
+    from eaglekb.errors import BadInput
+
+    if value in (None, ""):
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
+
+
+def _one_float(value, option):
+    values = parse_floats(value, option)
+    return values[0] if values else None
+
+
+@task(
+    default=True,
+    help={
+        "target": "target model: embedded name (smollm2-135m), folder or repo id",
+        "drafter": "drafter folder (SGLang/SpecForge or speculators format); default drafters/smollm2-135m-default",
+        "reference_drafter": "a second drafter to judge against (same target)",
+        "prompts": "held-out prompts: gsm8k-eval, humaneval, builtin, or a prompts file (text or JSON lines)",
+        "num_prompts": "how many prompts (default 8)",
+        "max_new_tokens": "tokens to generate per prompt (default 64)",
+        "steps": "draft steps per cycle (SGLang --speculative-num-steps, default 3)",
+        "topk": "tree branching (1 = chain; SGLang --speculative-eagle-topk)",
+        "draft_tokens": "draft-token budget incl. the root (SGLang --speculative-num-draft-tokens)",
+        "temperature": "0 = greedy (exactness checked); > 0 = sampled verification",
+        "device": "cpu or cuda[:N]",
+        "dtype": "float32 (exactness holds), bfloat16 or float16",
+        "baseline_tps": "override the measured baseline tok/s in the verdict",
+        "cycle_ms": "override the measured cycle time (ms) in the verdict",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/probe/NAME.json",
+        "compare": "compare with baselines/probe/NAME.json (default: the recorded run with the same config)",
+    },
+)
+def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompts="gsm8k-eval", num_prompts=8,
+          max_new_tokens=64, steps=3, topk=1, draft_tokens=None, temperature=0.0, device="cpu", dtype="float32",
+          baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None):
+    """Offline (teacher-forced) and online acceptance, exactness, and viable-or-not against break-even."""
+    with cli_errors():
+        from eaglekb import probe as lib
+        from eaglekb.runsetup import DEFAULT_DRAFTER
+
+        cfg = lib.ProbeConfig(
+            target=target, drafter=drafter or DEFAULT_DRAFTER, reference_drafter=reference_drafter,
+            prompts=prompts, num_prompts=_int(num_prompts, "--num-prompts"),
+            max_new_tokens=_int(max_new_tokens, "--max-new-tokens"), steps=_int(steps, "--steps"),
+            topk=_int(topk, "--topk"), draft_tokens=_int(draft_tokens, "--draft-tokens"),
+            temperature=_one_float(temperature, "--temperature"), device=device, dtype=dtype,
+            baseline_tps=_one_float(baseline_tps, "--baseline-tps"), cycle_ms=_one_float(cycle_ms, "--cycle-ms"),
+        )
+        report = lib.run(cfg, progress=not json)
+        doc = report.to_dict()
+        config = dict(report.config, prompts_manifest=report.prompts_manifest)
+        doc.update(finish(kind="probe", record=record, compare=compare, config=config, metrics=report.metrics,
+                          noise=lib.noise(report.metrics), summary=report.summary))
+    emit(doc, lib.render_text(report) + _tail(doc), json)
+
+
+def _tail(doc):
+    lines = []
+    if "recorded" in doc:
+        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
+    if "comparison_text" in doc:
+        lines.append(doc["comparison_text"])
+    return ("\n" + "\n".join(lines)) if lines else ""

@@ -1,0 +1,335 @@
+"""`bench`: baseline versus speculative throughput, side by side, with peers.
+
+Owns the measurement protocol: the same prompts for every method in one run,
+methods alternated prompt by prompt (so drift and thermal or load changes hit all
+of them alike), warm-up kept out of timings, ``repeats`` passes, median and range
+of each method's tok/s across passes, and the speculative cycle split into draft,
+verify and overhead (CUDA events on a GPU). Every method generates exactly
+``max_new_tokens`` (end-of-sequence ignored) so token counts are equal.
+
+Methods:
+
+* ``engine``: the engine's own plain decoding (static cache; CUDA graphs on GPU
+  unless ``graphs="off"``);
+* ``spec_sS_kK_nN``: EAGLE-3 in the engine, one per sweep point (steps S, topk K,
+  draft tokens N);
+* ``hf_generate``: transformers ``generate`` greedy (dynamic cache);
+* ``hf_static_compile`` (CUDA only): ``generate`` with ``cache_implementation="static"``
+  and ``torch.compile`` of the forward; a failure (it failed on transformers 5.17
+  once) is recorded in ``failures``, not raised;
+* ``hf_prompt_lookup``: ``generate(prompt_lookup_num_tokens=...)``.
+
+On CUDA with ``graphs="both"`` the plain decode step and the verify cycle are also
+timed eager and graphed (the investigation's F04: verify without graphs).
+
+Knows nothing about the task runner; ``runbooks/bench.py`` calls ``run``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from eaglekb import runsetup
+from eaglekb.engine.generate import Engine, SpecConfig
+from eaglekb.engine.timing import PhaseTimer, stats, wall
+from eaglekb.errors import BadInput
+
+
+@dataclass
+class BenchConfig:
+    """Everything needed to rerun a bench (recorded as the baseline config)."""
+
+    target: str = "smollm2-135m"
+    drafter: str | None = runsetup.DEFAULT_DRAFTER
+    prompts: str = "gsm8k-eval"
+    num_prompts: int = 4
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 512
+    sweep: list[tuple[int, int, int | None]] = field(default_factory=lambda: [(3, 1, None)])
+    repeats: int = 3
+    warmup: int = 1
+    device: str = "cpu"
+    dtype: str = "float32"
+    graphs: str = "auto"  # auto: on for CUDA; on; off; both (also time eager vs graphed)
+    peers: list[str] = field(default_factory=lambda: ["hf_generate", "hf_prompt_lookup", "hf_static_compile"])
+    prompt_lookup_tokens: int = 10
+    seed: int = 0
+
+    def specs(self) -> list[SpecConfig]:
+        return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
+
+
+PEERS = ("hf_generate", "hf_prompt_lookup", "hf_static_compile")
+
+
+def spec_name(s: SpecConfig) -> str:
+    return f"spec_s{s.steps}_k{s.topk}_n{s.draft_tokens}"
+
+
+def parse_sweep(text: str | None, steps: int | None, topk: int | None, draft_tokens: int | None) -> list[tuple]:
+    """``"3,1,4;5,1,6;4,4,16"`` (steps,topk,draft tokens; draft tokens may be empty) or single values."""
+    if not text:
+        return [(steps or 3, topk or 1, draft_tokens)]
+    out = []
+    for item in text.split(";"):
+        parts = [p.strip() for p in item.split(",")]
+        try:
+            s, k = int(parts[0]), int(parts[1]) if len(parts) > 1 and parts[1] else 1
+            n = int(parts[2]) if len(parts) > 2 and parts[2] else None
+        except ValueError:
+            raise BadInput("bad sweep point", where="--sweep", expected="steps,topk[,draft_tokens];...",
+                           found=repr(item)) from None
+        out.append((s, k, n))
+    return out
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def _hf_runner(hf, max_new: int, device: str, **kw) -> Callable[[list[int]], int]:
+    def go(prompt: list[int]) -> int:
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                              min_new_tokens=max_new, do_sample=False, pad_token_id=hf.config.eos_token_id
+                              if isinstance(hf.config.eos_token_id, int) else 0, **kw)
+        return int(out.shape[1] - ids.shape[1])
+    return go
+
+
+def _static_compile_runner(hf, max_new: int, device: str) -> Callable[[list[int]], int]:
+    """``generate`` with a static cache; transformers compiles the decoding forward itself
+    (its ``compile_config``) when the cache is static. Wrapping ``forward`` in
+    ``torch.compile(mode="reduce-overhead")`` by hand as well fails on transformers 5.17
+    ("accessing tensor output of CUDAGraphs that has been overwritten"), so it is not done."""
+    return _hf_runner(hf, max_new, device, cache_implementation="static")
+
+
+@dataclass
+class Method:
+    name: str
+    run: Callable[[list[int]], Any]
+    is_spec: bool = False
+
+
+def _methods(cfg: BenchConfig, loaded, engines: dict, specs: list[SpecConfig], failures: dict) -> list[Method]:
+    eng = engines["main"]
+    methods = [Method("engine", lambda p: eng.generate(p, cfg.max_new_tokens))]
+    for s in specs:
+        methods.append(Method(spec_name(s), (lambda s: lambda p: eng.speculative(
+            p, cfg.max_new_tokens, s, timer=PhaseTimer(eng.device)))(s), is_spec=True))
+    hf, dev = loaded.hf_model, loaded.device
+    for peer in cfg.peers:
+        if peer not in PEERS:
+            raise BadInput("unknown peer", where="--peers", expected=", ".join(PEERS), found=repr(peer))
+        if peer == "hf_generate":
+            methods.append(Method(peer, _hf_runner(hf, cfg.max_new_tokens, dev)))
+        elif peer == "hf_prompt_lookup":
+            methods.append(Method(peer, _hf_runner(hf, cfg.max_new_tokens, dev,
+                                                   prompt_lookup_num_tokens=cfg.prompt_lookup_tokens)))
+        elif peer == "hf_static_compile":
+            if not dev.startswith("cuda"):
+                failures[peer] = "skipped: CUDA only"
+                continue
+            methods.append(Method(peer, _static_compile_runner(hf, cfg.max_new_tokens, dev)))
+    return methods
+
+
+def _tokens(out) -> int:
+    return out if isinstance(out, int) else len(out.tokens)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+@dataclass
+class BenchReport:
+    config: dict
+    prompts_manifest: dict
+    metrics: dict
+    spread: dict
+    failures: dict
+    summary: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _graphs_modes(cfg: BenchConfig) -> tuple[bool, bool]:
+    """(main engine graphed, also measure eager vs graphed)."""
+    cuda = cfg.device.startswith("cuda")
+    if cfg.graphs not in ("auto", "on", "off", "both"):
+        raise BadInput("unknown graphs mode", where="--graphs", expected="auto, on, off or both", found=repr(cfg.graphs))
+    main = cuda and cfg.graphs in ("auto", "on", "both")
+    return main, cuda and cfg.graphs == "both"
+
+
+def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
+    """Measure every method on the same prompts, alternating, with warm-up and repeats."""
+    from tqdm.auto import tqdm
+
+    if cfg.repeats < 1 or cfg.warmup < 0:
+        raise BadInput("repeats must be >= 1 and warm-up >= 0", where="--repeats/--warmup",
+                       found=f"{cfg.repeats}/{cfg.warmup}")
+    specs = cfg.specs()
+    unknown = [p for p in cfg.peers if p not in PEERS]
+    if unknown:
+        raise BadInput("unknown peer", where="--peers", expected=", ".join(PEERS), found=repr(unknown[0]))
+    if specs and cfg.drafter is None:
+        raise BadInput("speculative methods need a drafter", where="--drafter", found="none")
+    graphed, compare_graphs = _graphs_modes(cfg)
+    loaded = runsetup.load(cfg.target, cfg.drafter, device=cfg.device, dtype=cfg.dtype)
+    pset = runsetup.prompt_set(cfg.prompts, cfg.num_prompts)
+    prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
+    nodes = max((s.nodes for s in specs), default=0)
+    max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 1, limit=loaded.target.max_len)
+    engines = {"main": Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, seed=cfg.seed)}
+    for p in prompts:
+        engines["main"].check_fits(len(p), cfg.max_new_tokens, nodes)
+    failures: dict[str, str] = {}
+    methods = _methods(cfg, loaded, engines, specs, failures)
+
+    # warm-up (compile, graph capture, caches): not timed
+    for m in list(methods):
+        try:
+            for _ in range(cfg.warmup):
+                m.run(prompts[0])
+        except Exception as exc:  # a peer that fails is recorded, not fatal; our own methods must work
+            if m.name not in PEERS:
+                raise
+            failures[m.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+            methods.remove(m)
+
+    per_method: dict[str, list[float]] = {m.name: [] for m in methods}
+    cycles: dict[str, dict[str, list[float]]] = {m.name: {} for m in methods if m.is_spec}
+    accept: dict[str, list[float]] = {m.name: [] for m in methods if m.is_spec}
+    total = cfg.repeats * len(prompts) * len(methods)
+    bar = tqdm(total=total, desc="bench", disable=not progress, leave=False)
+    for rep in range(cfg.repeats):
+        toks = {m.name: 0 for m in methods}
+        secs = {m.name: 0.0 for m in methods}
+        phases: dict[str, dict[str, float]] = {m.name: {} for m in methods if m.is_spec}
+        ncyc = {m.name: 0 for m in methods if m.is_spec}
+        acc = {m.name: 0 for m in methods if m.is_spec}
+        order = methods if rep % 2 == 0 else methods[::-1]  # alternate the order between passes too
+        for p in prompts:
+            for m in order:
+                t0 = wall(cfg.device)
+                out = m.run(p)
+                secs[m.name] += wall(cfg.device) - t0
+                toks[m.name] += _tokens(out)
+                if m.is_spec:
+                    for k, v in out.times.items():
+                        phases[m.name][k] = phases[m.name].get(k, 0.0) + v
+                    ncyc[m.name] += out.cycles
+                    acc[m.name] += sum(out.accept_lens)
+                bar.update(1)
+        for m in methods:
+            per_method[m.name].append(toks[m.name] / secs[m.name])
+            if m.is_spec:
+                c = max(ncyc[m.name], 1)
+                for k in ("draft", "verify", "overhead"):
+                    cycles[m.name].setdefault(f"{k}_ms", []).append(1000 * phases[m.name].get(k, 0.0) / c)
+                cycles[m.name].setdefault("cycle_ms", []).append(
+                    1000 * sum(phases[m.name].get(k, 0.0) for k in ("draft", "verify", "overhead")) / c)
+                accept[m.name].append(acc[m.name] / c)
+    bar.close()
+
+    metrics: dict[str, Any] = {}
+    spread: dict[str, float] = {}
+    for name, values in per_method.items():
+        st = stats(values)
+        metrics[name] = {"median_tok_s": st["median"]}
+        spread[f"{name}.median_tok_s"] = st["range"]
+        if name in cycles:
+            for k, vals in cycles[name].items():
+                metrics[name][k] = stats(vals)["median"]
+                spread[f"{name}.{k}"] = stats(vals)["range"]
+            metrics[name]["accept_len"] = stats(accept[name])["median"]
+    base = metrics["engine"]["median_tok_s"]
+    hf = metrics.get("hf_generate", {}).get("median_tok_s")
+    hfc = metrics.get("hf_static_compile", {}).get("median_tok_s")
+    for s in specs:
+        m = metrics[spec_name(s)]
+        m["vs_engine_x"] = m["median_tok_s"] / base
+        if hf:
+            m["vs_hf_generate_x"] = m["median_tok_s"] / hf
+        if hfc:
+            m["vs_hf_static_compile_x"] = m["median_tok_s"] / hfc
+    if compare_graphs:
+        metrics["graphs"] = eager_vs_graphed(loaded, prompts[0], specs[0] if specs else None, max_len, cfg)
+    if graphed:
+        metrics["engine"]["capture_s"] = engines["main"].capture_s
+    best = max((spec_name(s) for s in specs), key=lambda n: metrics[n]["median_tok_s"], default=None)
+    summary = f"engine {base:.1f} tok/s"
+    if best:
+        summary += (f"; best {best} {metrics[best]['median_tok_s']:.1f} tok/s "
+                    f"({metrics[best]['vs_engine_x']:.2f}x engine"
+                    + (f", {metrics[best]['vs_hf_generate_x']:.2f}x hf generate" if hf else "") + ")"
+                    f", accept_len {metrics[best]['accept_len']:.2f}")
+    config = asdict(cfg)
+    config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
+    config["graphs_main"] = graphed
+    config["max_len"] = max_len
+    return BenchReport(config=config, prompts_manifest=pset.manifest, metrics=metrics, spread=spread,
+                       failures=failures, summary=summary)
+
+
+def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len: int, cfg: BenchConfig) -> dict:
+    """Per-step times of the plain decode and the speculative cycle, eager versus CUDA-graphed."""
+    out: dict[str, Any] = {}
+    for mode, flag in (("eager", False), ("graphed", True)):
+        eng = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=flag, seed=cfg.seed)
+        for _ in range(2):  # warm-up and capture
+            eng.generate(prompt, 16)
+            if spec is not None:
+                eng.speculative(prompt, 16, spec)
+        t = PhaseTimer(eng.device)
+        r = eng.generate(prompt, cfg.max_new_tokens, timer=t)
+        entry = {"decode_step_ms": 1000 * r.times.get("decode", 0.0) / max(len(r.tokens) - 1, 1)}
+        if spec is not None:
+            s = eng.speculative(prompt, cfg.max_new_tokens, spec, timer=PhaseTimer(eng.device))
+            c = max(s.cycles, 1)
+            entry.update({k + "_ms": 1000 * s.times.get(k, 0.0) / c for k in ("draft", "verify", "overhead")})
+            entry["cycle_ms"] = sum(entry[k + "_ms"] for k in ("draft", "verify", "overhead"))
+            entry["verify_vs_decode_x"] = entry["verify_ms"] / entry["decode_step_ms"]
+        out[mode] = entry
+    if spec is not None:
+        out["verify_eager_vs_graphed_x"] = out["eager"]["verify_ms"] / out["graphed"]["verify_ms"]
+    return out
+
+
+def render_text(r: BenchReport) -> str:
+    lines = [f"bench {r.config['target']} on {r.config['device']} {r.config['dtype']}, "
+             f"{r.prompts_manifest.get('count')} prompts x {r.config['max_new_tokens']} new tokens, "
+             f"{r.config['repeats']} repeats (median, range)"]
+    for name, m in r.metrics.items():
+        if name == "graphs" or "median_tok_s" not in m:
+            continue
+        line = f"  {name:<28} {m['median_tok_s']:8.2f} tok/s  (range {r.spread.get(name + '.median_tok_s', 0):.2f})"
+        if "cycle_ms" in m:
+            line += (f"  accept_len {m['accept_len']:.2f}  cycle {m['cycle_ms']:.2f} ms = draft {m['draft_ms']:.2f}"
+                     f" + verify {m['verify_ms']:.2f} + overhead {m['overhead_ms']:.2f}  {m['vs_engine_x']:.2f}x engine")
+            if "vs_hf_generate_x" in m:
+                line += f", {m['vs_hf_generate_x']:.2f}x hf"
+        lines.append(line)
+    if "graphs" in r.metrics:
+        g = r.metrics["graphs"]
+        for mode in ("eager", "graphed"):
+            lines.append(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in g[mode].items()))
+    for k, v in r.failures.items():
+        lines.append(f"  {k}: not measured ({v})")
+    lines.append(r.summary)
+    return "\n".join(lines)
+
+
+def noise(r: BenchReport) -> dict:
+    """Range over repeats per metric; comparisons allow 25% (throughput on shared machines moves)."""
+    from eaglekb.baselines import flatten
+
+    paths = set(flatten(r.metrics))
+    return {"repeats": r.config["repeats"], "spread_kind": "range",
+            "spread": {k: v for k, v in r.spread.items() if k in paths}, "tolerance_rel": 0.25}

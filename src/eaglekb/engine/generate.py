@@ -1,0 +1,275 @@
+"""The decoding loops: plain greedy/sampled decoding and EAGLE-3 speculative decoding.
+
+Owns: ``SpecConfig`` (steps, topk, draft-token budget, temperature), ``Engine``
+(a target, an optional drafter, their static caches, allocated once) and the
+named steps of a cycle, gpt-fast style:
+
+``prefill`` -> ``draft`` (drafter extend over newly verified positions, then a
+chain or tree) -> ``verify`` (one target pass over root + tree with a tree mask)
+-> ``accept`` (greedy or sampled rule from ``verify``) -> ``commit`` (keep the
+accepted path's K/V in place, queue its aux hidden states for the drafter).
+
+Cache layout: target slot = sequence position for committed tokens; the tree is
+written after them and the accepted path moved down. The drafter's slot j holds
+drafter position j (aux[j] with token j+1); tree drafts use scratch slots after
+the verified prefix. Everything is overwritten, nothing reallocated.
+
+Knows nothing about prompts sets, baselines or the task runner.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from eaglekb.engine import verify as V
+from eaglekb.engine.cuda_graphs import Graphed
+from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
+from eaglekb.engine.kv import causal_rows, tree_rows
+from eaglekb.engine.model import TargetModel
+from eaglekb.engine.timing import PhaseTimer
+from eaglekb.errors import BadInput
+
+
+@dataclass
+class SpecConfig:
+    """Speculation settings, SGLang's names: steps, topk, draft tokens (root included)."""
+
+    steps: int = 3
+    topk: int = 1
+    draft_tokens: int | None = None  # None: steps + 1 for a chain, else 1 + topk * steps
+    temperature: float = 0.0
+
+    def __post_init__(self):
+        for name, low in (("steps", 1), ("topk", 1)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise BadInput(f"{name} must be a whole number >= {low}", where=f"--{name}", found=repr(v))
+        if self.draft_tokens is None:
+            self.draft_tokens = self.steps + 1 if self.topk == 1 else 1 + self.topk * self.steps
+        if self.draft_tokens < 2:
+            raise BadInput("draft-token budget too small", where="--draft-tokens", expected=">= 2",
+                           found=str(self.draft_tokens))
+        if self.topk == 1 and self.draft_tokens != self.steps + 1:
+            raise BadInput("with topk 1 the draft tokens are steps + 1", where="--draft-tokens",
+                           expected=str(self.steps + 1), found=str(self.draft_tokens))
+        if self.topk > 1 and self.draft_tokens > 1 + self.topk + (self.steps - 1) * self.topk ** 2:
+            raise BadInput("draft-token budget exceeds the tree", where="--draft-tokens",
+                           expected=f"<= {1 + self.topk + (self.steps - 1) * self.topk ** 2}",
+                           found=str(self.draft_tokens))
+        if self.temperature < 0:
+            raise BadInput("temperature must be >= 0", where="--temperature", found=str(self.temperature))
+
+    @property
+    def nodes(self) -> int:
+        return self.draft_tokens - 1
+
+
+@dataclass
+class GenResult:
+    """One generation: new tokens, per-cycle accept lengths (bonus included) and phase times."""
+
+    tokens: list[int]
+    prompt_len: int
+    accept_lens: list[int] = field(default_factory=list)
+    accepted_per_depth: list[int] = field(default_factory=list)  # cycles whose depth-d draft was accepted
+    times: dict[str, float] = field(default_factory=dict)  # seconds per phase
+
+    @property
+    def cycles(self) -> int:
+        return len(self.accept_lens)
+
+    @property
+    def accept_len(self) -> float:
+        return sum(self.accept_lens) / len(self.accept_lens) if self.accept_lens else float("nan")
+
+
+class Engine:
+    """A target (and optionally a drafter) with static caches sized ``max_len``."""
+
+    GRAPHED_EXTEND = 16  # drafter extends up to this many positions run through Graphed (CUDA graphs)
+
+    def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
+                 graphs: bool = False, max_nodes: int = 64, seed: int = 0):
+        self.target, self.drafter = target, drafter
+        self.device = target.device
+        self.max_len = max_len or target.max_len
+        if self.max_len > target.max_len:
+            raise BadInput("cache longer than the rope table", where="max_len",
+                           expected=f"<= {target.max_len}", found=str(self.max_len))
+        self.graphs = bool(graphs) and self.device.type == "cuda"
+        self.tkv = target.new_cache(self.max_len)
+        self.dkv = drafter.new_cache(self.max_len + max_nodes) if drafter is not None else None
+        self.max_nodes = max_nodes
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self._target_step = Graphed(lambda ids, pos, slots, mask: target(ids, pos, slots, mask, self.tkv),
+                                    enabled=self.graphs)
+        if drafter is not None:
+            self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv),
+                                       enabled=self.graphs)
+            self.drafting = Drafting(drafter, self._draft_step,
+                                     static_width=self.dkv.max_len if self.graphs else 0)
+
+    def seed(self, seed: int) -> None:
+        self.gen.manual_seed(seed)
+
+    @property
+    def capture_s(self) -> float:
+        total = self._target_step.capture_s
+        return total + (self._draft_step.capture_s if self.drafter is not None else 0.0)
+
+    # ------------------------------------------------------------------ checks
+
+    def check_fits(self, prompt_len: int, max_new_tokens: int, nodes: int = 0) -> None:
+        need = prompt_len + max_new_tokens + nodes + 1
+        if prompt_len < 1:
+            raise BadInput("empty prompt", where="prompt", expected=">= 1 token", found="0")
+        if need > self.max_len:
+            raise BadInput("prompt longer than the cache", where="prompt",
+                           expected=f"prompt + new tokens + draft tokens <= {self.max_len - 1}",
+                           found=f"{prompt_len} + {max_new_tokens} + {nodes}",
+                           fix="shorten the prompt, lower --max-new-tokens or raise the cache size")
+        if nodes > self.max_nodes:
+            raise BadInput("draft-token budget larger than the drafter scratch", where="--draft-tokens",
+                           expected=f"<= {self.max_nodes + 1}", found=str(nodes + 1))
+
+    def _ids(self, prompt) -> torch.Tensor:
+        ids = torch.as_tensor(prompt, dtype=torch.long, device=self.device).view(1, -1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.target.vocab):
+            raise BadInput("token id out of range", where="prompt",
+                           expected=f"[0, {self.target.vocab - 1}]", found=f"[{int(ids.min())}, {int(ids.max())}]")
+        return ids
+
+    def _width(self, needed: int) -> int:
+        return self.max_len if self.graphs else needed
+
+    def _pick(self, logits: torch.Tensor, temperature: float) -> int:
+        if temperature <= 0:
+            return int(logits.argmax(-1))
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        return int(torch.multinomial(probs, 1, generator=self.gen))
+
+    # ------------------------------------------------------------------ named steps
+
+    def prefill(self, ids: torch.Tensor):
+        """Target over the prompt: logits of the last position and aux states of every position."""
+        n = ids.shape[1]
+        ar = torch.arange(n, device=self.device)
+        mask = causal_rows(0, n, self._width(n), self.device)
+        return self.target(ids, ar, ar, mask, self.tkv, last_only=True)
+
+    def decode_one(self, token: int, pos: int):
+        """Target over one token at ``pos`` (static shapes: graphable)."""
+        dev = self.device
+        mask = causal_rows(pos, 1, self._width(pos + 1), dev)
+        return self._target_step(torch.tensor([[token]], device=dev), torch.tensor([pos], device=dev),
+                                 torch.tensor([pos], device=dev), mask)
+
+    def draft_extend(self, tokens: list[int], aux: torch.Tensor, start: int):
+        """Drafter over verified positions ``start..start+n-1``: aux[j] with token j+1 (``tokens``)."""
+        dev = self.device
+        n = len(tokens)
+        ar = torch.arange(start, start + n, device=dev)
+        mask = causal_rows(start, n, self.dkv.max_len if self.graphs else start + n, dev)
+        ids = torch.tensor([tokens], device=dev)
+        if n <= self.GRAPHED_EXTEND:  # cycle extends (accepted + bonus): few shapes, graphable
+            return self._draft_step(ids, aux.view(1, n, -1), ar, ar, mask)
+        return self.drafter(ids, aux.view(1, n, -1), ar, ar, mask, self.dkv)  # the prompt: eager
+
+    def draft(self, root_logits, root_hidden, m: int, cfg: SpecConfig) -> DraftTree:
+        if cfg.topk == 1:
+            return self.drafting.chain(root_logits, root_hidden, root_pos=m - 2, scratch=m - 1, steps=cfg.steps,
+                                       temperature=cfg.temperature, gen=self.gen)
+        return self.drafting.tree(root_logits, root_hidden, root_pos=m - 2, scratch=m - 1, steps=cfg.steps,
+                                  topk=cfg.topk, budget=cfg.draft_tokens)
+
+    def verify(self, root: int, tree: DraftTree, m: int):
+        """Target over ``[root] + tree`` at slots ``m-1 ..``; returns logits ``[N+1,V]`` and aux ``[N+1,3H]``."""
+        dev = self.device
+        base = m - 1
+        n = len(tree) + 1
+        ids = torch.tensor([[root] + tree.tokens], device=dev)
+        pos = torch.tensor([base] + [base + d for d in tree.depths], device=dev)
+        slots = torch.arange(base, base + n, device=dev)
+        mask = tree_rows(base, [-1] + [p + 1 for p in tree.parents], self._width(base + n), dev)
+        logits, aux = self._target_step(ids, pos, slots, mask)
+        return logits[0], aux[0]
+
+    def accept(self, tree: DraftTree, logits: torch.Tensor, cfg: SpecConfig) -> tuple[list[int], int]:
+        if cfg.temperature <= 0:
+            return V.greedy(tree, logits)
+        if cfg.topk == 1:
+            return V.sampled_chain(tree, logits, cfg.temperature, self.drafter.d2t, self.gen)
+        return V.sampled_tree(tree, logits, cfg.temperature, self.gen)
+
+    def commit(self, path: list[int], aux: torch.Tensor, m: int) -> torch.Tensor:
+        """Move the accepted nodes' K/V next to the prefix; return their aux rows (root first)."""
+        rows = [0] + [i + 1 for i in path]
+        moved = [(m - 1 + r, m - 1 + j) for j, r in enumerate(rows) if r != j]
+        if moved:
+            dev = self.device
+            self.tkv.move(torch.tensor([s for s, _ in moved], device=dev),
+                          torch.tensor([d for _, d in moved], device=dev))
+        return aux[torch.tensor(rows, device=self.device)]
+
+    # ------------------------------------------------------------------ loops
+
+    def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
+                 stop_ids: tuple[int, ...] = (), timer: PhaseTimer | None = None) -> GenResult:
+        """Plain decoding with the engine's own target forward (the baseline)."""
+        ids = self._ids(prompt)
+        n = ids.shape[1]
+        self.check_fits(n, max_new_tokens)
+        timer = timer or PhaseTimer(self.device, enabled=False)
+        timer.mark("prefill")
+        logits, _ = self.prefill(ids)
+        out = [self._pick(logits[0, -1], temperature)]
+        timer.mark("decode")
+        while len(out) < max_new_tokens and out[-1] not in stop_ids:
+            logits, _ = self.decode_one(out[-1], n + len(out) - 1)
+            out.append(self._pick(logits[0, -1], temperature))
+        timer.stop()
+        return GenResult(tokens=out, prompt_len=n, times=timer.totals())
+
+    def speculative(self, prompt, max_new_tokens: int, cfg: SpecConfig | None = None, *,
+                    stop_ids: tuple[int, ...] = (), timer: PhaseTimer | None = None) -> GenResult:
+        """EAGLE-3: prefill, then draft -> verify -> accept -> commit until enough tokens."""
+        if self.drafter is None:
+            raise BadInput("speculative decoding needs a drafter", where="Engine", found="none loaded")
+        cfg = cfg or SpecConfig()
+        ids = self._ids(prompt)
+        n = ids.shape[1]
+        self.check_fits(n, max_new_tokens, cfg.nodes)
+        timer = timer or PhaseTimer(self.device, enabled=False)
+        timer.mark("prefill")
+        logits, aux = self.prefill(ids)
+        first = self._pick(logits[0, -1], cfg.temperature)
+        seq = ids[0].tolist() + [first]
+        result = GenResult(tokens=[first], prompt_len=n, accepted_per_depth=[0] * cfg.steps)
+        pending, start = aux[0], 0
+        while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
+            m = len(seq)
+            timer.mark("draft")
+            d_logits, d_hidden = self.draft_extend(seq[start + 1:m], pending, start)
+            tree = self.draft(d_logits[0, -1].clone(), d_hidden[0, -1].clone(), m, cfg)
+            timer.mark("verify")
+            v_logits, v_aux = self.verify(seq[-1], tree, m)
+            timer.mark("overhead")
+            path, bonus = self.accept(tree, v_logits, cfg)
+            pending, start = self.commit(path, v_aux, m), m - 1
+            new = [tree.tokens[i] for i in path] + [bonus]
+            for d in range(len(path)):
+                result.accepted_per_depth[d] += 1
+            result.accept_lens.append(len(new))
+            seq += new
+            result.tokens += new
+        timer.stop()
+        toks = result.tokens[:max_new_tokens]
+        for i, t in enumerate(toks):
+            if t in stop_ids:
+                toks = toks[:i + 1]
+                break
+        result.tokens = toks
+        result.times = timer.totals()
+        return result

@@ -1,0 +1,210 @@
+"""Setting up a probe or bench run: target, drafter and prompts, loaded and checked.
+
+Owns: resolving the target spec (``sources.resolve``) and loading it with
+transformers, loading a drafter folder and checking it fits the target (hidden
+size, vocab, mapping), choosing capture points from the drafter's config
+(SGLang convention: capture point = id + 1), turning a prompt spec (a named eval
+set from ``eaglekb.corpora``, a prompts file, or ``builtin``) into chat-formatted
+token ids, and sizing the engine's static cache. Plain functions: a GPU script
+calls them without the task runner.
+
+Knows nothing about the task runner or baselines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eaglekb.errors import BadInput, MissingFile, Unavailable
+
+DEFAULT_DRAFTER = "drafters/smollm2-135m-default"
+DTYPES = ("float32", "bfloat16", "float16")
+
+#: A few held-out prompts for tests and machines without the corpus packages.
+BUILTIN_PROMPTS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the factorial of n.",
+    "Explain why the sky is blue in two sentences.",
+    "List three uses of a paperclip.",
+    "A farmer has 12 sheep and buys 7 more. How many sheep does he have?",
+    "Translate 'good morning' into Spanish and German.",
+    "Give a short definition of photosynthesis.",
+    "What are the first five prime numbers?",
+)
+
+
+@dataclass
+class Loaded:
+    """Everything a run needs: HF model (for peers), engine target, drafters, tokenizer."""
+
+    hf_model: object
+    tokenizer: object
+    target: object  # eaglekb.engine.model.TargetModel
+    drafter: object | None  # eaglekb.engine.draft.DraftModel
+    reference: object | None
+    target_path: str
+    drafter_path: str | None
+    reference_path: str | None
+    device: str
+    dtype: str
+    capture_points: list[int]
+    eos_ids: tuple[int, ...] = ()
+    info: dict = field(default_factory=dict)
+
+
+def check_device(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise Unavailable("CUDA is not available", where=f"--device {device}", fix="use --device cpu")
+    if not (device == "cpu" or device.startswith("cuda")):
+        raise BadInput("unknown device", where="--device", expected="cpu or cuda[:N]", found=repr(device))
+    return device
+
+
+def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=None):
+    """Load a drafter folder (SGLang/SpecForge or speculators format), one-line errors.
+
+    ``random`` or ``random:N`` builds a randomly initialised drafter for the target
+    (draft vocab N, default min(vocab, 32000)): acceptance is meaningless, cycle
+    times are real (for timing the engine before a trained drafter exists).
+    """
+    from eaglekb.drafter import build_drafter_for_target, load_drafter
+
+    if str(path).startswith("random"):
+        if target_config is None:
+            raise BadInput("a random drafter needs the target first", where=what, found=str(path))
+        _, _, n = str(path).partition(":")
+        vocab = int(target_config.vocab_size)
+        size = int(n) if n else min(vocab, 32000)
+        return build_drafter_for_target(target_config, size, torch_dtype="float32", seed=0)
+    import os
+
+    folder = Path(path)
+    root = os.environ.get("EAGLEKB_ROOT")
+    if not folder.is_absolute() and not folder.exists() and root and (Path(root) / folder).exists():
+        folder = Path(root) / folder
+    if not folder.exists():
+        if str(path) == DEFAULT_DRAFTER or str(path).endswith(DEFAULT_DRAFTER):
+            raise MissingFile("the default drafter is not there", where=str(folder),
+                              expected="drafters/smollm2-135m-default/ (trained on a GPU by `invoke finetune`, then committed)",
+                              found="no such folder",
+                              fix="pass --drafter PATH to a drafter folder, or train one with invoke finetune")
+        raise MissingFile("drafter folder not found", where=f"{what} {folder}")
+    return load_drafter(folder, dtype="float32")
+
+
+def load(target: str, drafter: str | None, *, reference: str | None = None, device: str = "cpu",
+         dtype: str = "float32", max_len: int = 4096) -> Loaded:
+    """Load the target (engine forward over its HF weights) and the drafter(s), checked against it."""
+    import torch
+
+    from eaglekb import sources
+    from eaglekb.engine.draft import DraftModel
+    from eaglekb.engine.model import TargetModel
+    from eaglekb.target import config_ids_to_capture_points, default_capture_points
+
+    check_device(device)
+    if dtype not in DTYPES:
+        raise BadInput("unsupported dtype", where="--dtype", expected=", ".join(DTYPES), found=repr(dtype))
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if target.startswith("random:"):  # same architecture, random weights: for timing only
+        path = Path(target[len("random:"):])
+        if not (path / "config.json").is_file():
+            raise MissingFile("no config.json for a random target", where=str(path))
+        tconfig = AutoConfig.from_pretrained(str(path))
+        d = read_drafter(drafter, target_config=tconfig) if drafter else None
+        r = read_drafter(reference, what="--reference-drafter", target_config=tconfig) if reference else None
+        torch.manual_seed(0)
+        hf = AutoModelForCausalLM.from_config(tconfig).to(device=device, dtype=getattr(torch, dtype)).eval()
+    else:
+        d = read_drafter(drafter) if drafter and not drafter.startswith("random") else None
+        r = read_drafter(reference, what="--reference-drafter") if reference else None
+        path = sources.resolve(target)
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
+        if drafter and drafter.startswith("random"):
+            d = read_drafter(drafter, target_config=hf.config)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError):
+        tok = None
+    n_layers = int(hf.config.num_hidden_layers)
+    from eaglekb.engine.draft import check_shapes
+
+    for dr in (d, r):
+        if dr is not None:
+            check_shapes(dr, int(hf.config.hidden_size), int(hf.config.vocab_size))
+    ids = (d or r).config.aux_layer_ids if (d or r) is not None else None
+    points = config_ids_to_capture_points(ids) if ids is not None else default_capture_points(n_layers)
+    if r is not None and d is not None and r.config.aux_layer_ids != d.config.aux_layer_ids:
+        raise BadInput("drafter and reference read different aux layers", where="--reference-drafter",
+                       expected=str(d.config.aux_layer_ids), found=str(r.config.aux_layer_ids))
+    if max(points) >= n_layers:
+        raise BadInput("drafter reads layers the target lacks", where="drafter eagle_aux_hidden_state_layer_ids",
+                       expected=f"capture points < {n_layers}", found=str(points))
+    tm = TargetModel(hf, points, min(max_len, int(getattr(hf.config, "max_position_embeddings", max_len))))
+    eos = getattr(hf.generation_config, "eos_token_id", None) or getattr(hf.config, "eos_token_id", None)
+    eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    return Loaded(hf_model=hf, tokenizer=tok, target=tm,
+                  drafter=DraftModel(d, tm) if d is not None else None,
+                  reference=DraftModel(r, tm) if r is not None else None,
+                  target_path=str(path), drafter_path=str(drafter) if drafter else None,
+                  reference_path=str(reference) if reference else None, device=device, dtype=dtype,
+                  capture_points=points, eos_ids=eos_ids)
+
+
+@dataclass
+class Prompts:
+    name: str
+    ids: list[list[int]]
+    manifest: dict
+
+
+def prompt_set(spec: str, num: int | None):
+    """A prompt set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a file."""
+    from eaglekb import corpora
+
+    if num is not None and num < 1:
+        raise BadInput("number of prompts must be positive", where="--num-prompts", expected=">= 1", found=str(num))
+    if spec == "builtin":
+        items = [corpora.Prompt(id=f"builtin:{i}", source="builtin", messages=({"role": "user", "content": t},))
+                 for i, t in enumerate(BUILTIN_PROMPTS)][:num]
+        return corpora.PromptSet("builtin", items, manifest={"source": "builtin", "count": len(items),
+                                                             "sha256": corpora.prompts_hash(items)})
+    if Path(spec).is_file():
+        s = corpora.read_prompts_file(spec)
+        s.prompts = s.prompts[:num] if num else s.prompts
+        s.manifest["count"] = len(s.prompts)
+        return s
+    if spec in corpora.EVAL_SETS:
+        return corpora.load(spec, split="eval", limit=num)
+    raise BadInput("unknown prompt set", where="--prompts",
+                   expected="builtin, " + ", ".join(corpora.EVAL_SETS) + " (held out) or a prompts file",
+                   found=repr(spec))
+
+
+def encode(tokenizer, prompts, *, max_prompt_tokens: int | None = None) -> list[list[int]]:
+    """Chat-formatted token ids (plain text when the tokenizer has no chat template)."""
+    if tokenizer is None:
+        raise MissingFile("the target has no tokenizer", where="target folder", expected="tokenizer files")
+    out = []
+    for p in prompts.prompts:
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(list(p.messages), tokenize=False, add_generation_prompt=True)
+        else:
+            text = p.text
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            ids = ids[-max_prompt_tokens:]  # keep the end: the question and the assistant header
+        out.append(ids)
+    return out
+
+
+def cache_len(prompt_ids: list[list[int]], max_new_tokens: int, draft_tokens: int, *, limit: int,
+              round_to: int = 64) -> int:
+    """Static cache size for a run (rounded up), at most ``limit`` (the target's rope table);
+    a prompt that does not fit is refused by the engine with one line."""
+    need = max(len(p) for p in prompt_ids) + max_new_tokens + draft_tokens + 1
+    return min(limit, -(-need // round_to) * round_to)

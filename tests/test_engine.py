@@ -1,0 +1,255 @@
+"""Engine exactness: own forward vs HF, speculative == greedy (chain, tree), sampled distribution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from fixtures_models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
+
+from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
+from eaglekb.engine.generate import Engine, SpecConfig
+from eaglekb.engine.kv import causal_rows, tree_rows
+from eaglekb.engine.model import TargetModel
+from eaglekb.errors import BadInput, Incompatible
+from eaglekb.target import default_capture_points
+
+CONFIGS = {"llama": tiny_llama_config, "qwen2": tiny_qwen2_config}
+
+
+def build(kind="llama", max_len=96, **over):
+    cfg = CONFIGS[kind](max_position_embeddings=max_len, **over)
+    hf = tiny_causal_lm(cfg)
+    return cfg, hf, TargetModel(hf, default_capture_points(cfg.num_hidden_layers), max_len)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_own_forward_matches_hf_logits_and_aux(kind):
+    cfg, hf, tm = build(kind)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(1))
+    ref = hf(ids, output_hidden_states=True)
+    kv = tm.new_cache()
+    ar = torch.arange(12)
+    logits, aux = tm(ids, ar, ar, causal_rows(0, 12, 12, "cpu"), kv)
+    torch.testing.assert_close(logits, ref.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, torch.cat([ref.hidden_states[c] for c in tm.capture_points], -1))
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_engine_greedy_matches_hf_generate(kind):
+    cfg, hf, tm = build(kind)
+    prompt = list(range(3, 14))
+    ref = hf.generate(torch.tensor([prompt]), max_new_tokens=24, min_new_tokens=24, do_sample=False)
+    assert Engine(tm).generate(prompt, 24).tokens == ref[0, len(prompt):].tolist()
+
+
+SPECS = [SpecConfig(steps=1), SpecConfig(steps=3), SpecConfig(steps=6), SpecConfig(steps=3, topk=2),
+         SpecConfig(steps=4, topk=3, draft_tokens=8)]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"s{s.steps}k{s.topk}n{s.draft_tokens}")
+def test_speculative_equals_greedy_random_drafter(kind, spec):
+    cfg, hf, tm = build(kind)
+    eng = Engine(tm, DraftModel(tiny_drafter(cfg), tm))
+    for seed in range(1):
+        prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+        want = eng.generate(prompt, 30).tokens
+        got = eng.speculative(prompt, 30, spec)
+        assert got.tokens == want
+        assert sum(got.accept_lens) >= 30 - 1
+
+
+class OracleDrafting(Drafting):
+    """Proposes the target's own greedy continuation, corrupted at random depths, so that
+    every accept length (0..steps) and, in trees, off-first-child paths occur."""
+
+    def __init__(self, base: Drafting, reference: list[int], prompt_len: int, seed: int = 0):
+        super().__init__(base.dm, base.step, static_width=base.static_width)
+        self.reference, self.prompt_len = reference, prompt_len
+        self.rng = random.Random(seed)
+
+    def _truth(self, root_pos: int, depth: int) -> int:
+        i = root_pos + 2 + depth - 1 - self.prompt_len  # token index within the continuation
+        return self.reference[i] if i < len(self.reference) else 0
+
+    def _wrong(self, truth: int) -> int:
+        return (truth + self.rng.randrange(1, VOCAB)) % VOCAB
+
+    def chain(self, root_logits, root_hidden, *, root_pos, scratch, steps, temperature=0.0, gen=None):
+        super().chain(root_logits, root_hidden, root_pos=root_pos, scratch=scratch, steps=steps)  # real work
+        cut = self.rng.randint(0, steps)
+        toks = [self._truth(root_pos, d) if d <= cut else self._wrong(self._truth(root_pos, d))
+                for d in range(1, steps + 1)]
+        return DraftTree(tokens=toks, parents=list(range(-1, steps - 1)), depths=list(range(1, steps + 1)),
+                         draft_ids=[0] * steps)
+
+    def tree(self, root_logits, root_hidden, *, root_pos, scratch, steps, topk, budget):
+        super().tree(root_logits, root_hidden, root_pos=root_pos, scratch=scratch, steps=steps, topk=topk,
+                     budget=budget)
+        tree = DraftTree()
+        parent, cut = -1, self.rng.randint(0, steps)
+        for d in range(1, steps + 1):
+            truth = self._truth(root_pos, d)
+            right = self.rng.randrange(topk) if d <= cut else -1
+            nxt = None
+            wrong = set()
+            for c in range(topk):
+                if c == right:
+                    tok = truth
+                else:
+                    tok = self._wrong(truth)
+                    while tok in wrong:
+                        tok = self._wrong(truth)
+                    wrong.add(tok)
+                tree.tokens.append(tok)
+                tree.parents.append(parent)
+                tree.depths.append(d)
+                tree.draft_ids.append(0)
+                if c == right:
+                    nxt = len(tree.tokens) - 1
+            if nxt is None:
+                break
+            parent = nxt
+        return tree
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("topk", [1, 3])
+def test_every_accept_length_is_exact(kind, topk):
+    cfg, hf, tm = build(kind, max_len=128)
+    steps = 4
+    spec = SpecConfig(steps=steps, topk=topk, draft_tokens=None if topk == 1 else 1 + steps * topk)
+    eng = Engine(tm, DraftModel(tiny_drafter(cfg), tm))
+    prompt = list(range(5, 16))
+    want = eng.generate(prompt, 60).tokens
+    eng.drafting = OracleDrafting(eng.drafting, want, len(prompt), seed=topk)
+    got = eng.speculative(prompt, 60, spec)
+    assert got.tokens == want
+    assert set(got.accept_lens) >= set(range(1, steps + 2)) - {steps + 1} or max(got.accept_lens) == steps + 1
+    assert max(got.accept_lens) == steps + 1 and min(got.accept_lens) == 1
+    assert got.accepted_per_depth[0] >= got.accepted_per_depth[-1] > 0
+
+
+def test_stop_token_and_truncation():
+    cfg, hf, tm = build()
+    eng = Engine(tm, DraftModel(tiny_drafter(cfg), tm))
+    prompt = list(range(5, 16))
+    want = eng.generate(prompt, 40).tokens
+    eng.drafting = OracleDrafting(eng.drafting, want, len(prompt))
+    stop = want[17]
+    first = want.index(stop)
+    got = eng.speculative(prompt, 40, SpecConfig(steps=5), stop_ids=(stop,))
+    assert got.tokens == want[:first + 1]
+    assert eng.generate(prompt, 40, stop_ids=(stop,)).tokens == want[:first + 1]
+    assert len(eng.speculative(prompt, 7, SpecConfig(steps=5)).tokens) == 7
+
+
+def test_tree_mask_sees_prefix_and_ancestors():
+    m = tree_rows(3, [-1, 0, 0, 1], 8, "cpu")
+    assert m[:, :3].all()
+    assert m[3, 3:7].tolist() == [True, True, False, True]
+    assert m[2, 3:7].tolist() == [True, False, True, False]
+    assert not m[:, 7].any()
+
+
+def test_bad_input_cache_and_drafter():
+    cfg, hf, tm = build(max_len=32)
+    eng = Engine(tm, DraftModel(tiny_drafter(cfg), tm))
+    with pytest.raises(BadInput, match="prompt longer than the cache"):
+        eng.speculative(list(range(20)), 10, SpecConfig(steps=3))
+    with pytest.raises(BadInput, match="token id out of range"):
+        eng.generate([VOCAB + 3], 4)
+    other = tiny_llama_config(hidden_size=64)
+    with pytest.raises(Incompatible, match="hidden size"):
+        DraftModel(tiny_drafter(other), tm)
+    with pytest.raises(Incompatible, match="vocab"):
+        DraftModel(tiny_drafter(tiny_llama_config(vocab_size=VOCAB * 2)), tm)
+    with pytest.raises(BadInput):
+        SpecConfig(steps=3, topk=1, draft_tokens=7)
+    bad = tiny_drafter(cfg)
+    bad.d2t[-1] = VOCAB  # maps the last draft token outside the target vocab
+    with pytest.raises(BadInput, match="outside the target vocab"):
+        DraftModel(bad, tm)
+
+
+# ---------------------------------------------------------------- sampled verification
+
+
+def _pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Chi-square goodness of fit (cells with expected count < 5 pooled), without scipy."""
+    n = counts.sum()
+    exp = probs.flatten().double() * n
+    obs = counts.flatten().double()
+    keep = exp >= 5
+    obs = torch.cat([obs[keep], obs[~keep].sum()[None]])
+    exp = torch.cat([exp[keep], exp[~keep].sum()[None]])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = torch.tensor(float(len(obs) - 1), dtype=torch.float64)
+    return float(torch.special.gammaincc(df / 2, stat / 2))
+
+
+@pytest.mark.parametrize("topk", [1, 2])
+def test_sampled_rules_preserve_two_token_distribution(topk):
+    """Rule level, many samples: drafts from q, target tables p; emitted (e1, e2) ~ p exactly."""
+    from eaglekb.engine import verify as V
+
+    g = torch.Generator().manual_seed(7)
+    vocab, draft_vocab, n = 6, 4, 4000
+    d2t = torch.tensor([0, 0, 1, 2])  # draft ids 0..3 -> target ids 0, 1, 3, 5
+    t_ids = torch.arange(draft_vocab) + d2t
+    p0 = torch.softmax(torch.randn(vocab, generator=g) * 2, -1)
+    p1 = torch.softmax(torch.randn(vocab, vocab, generator=g) * 2, -1)  # p(e2 | e1)
+    q0 = torch.softmax(torch.randn(draft_vocab, generator=g), -1)
+    q1 = torch.softmax(torch.randn(draft_vocab, generator=g), -1)
+    counts = torch.zeros(vocab, vocab)
+    rej = 0
+    for _ in range(n):
+        if topk == 1:
+            a = int(torch.multinomial(q0, 1, generator=g))
+            b = int(torch.multinomial(q1, 1, generator=g))
+            tree = DraftTree(tokens=[int(t_ids[a]), int(t_ids[b])], parents=[-1, 0], depths=[1, 2],
+                             draft_ids=[a, b], q=torch.stack([q0, q1]))
+            rows = torch.stack([p0, p1[tree.tokens[0]], p1[tree.tokens[0]]]).log()
+            path, bonus = V.sampled_chain(tree, rows, 1.0, d2t, g)
+        else:  # two root children, the first with one child
+            tree = DraftTree(tokens=[1, 3, 5], parents=[-1, -1, 0], depths=[1, 1, 2], draft_ids=[0, 0, 0])
+            rows = torch.stack([p0, p1[1], p1[3], p1[1]]).log()
+            path, bonus = V.sampled_tree(tree, rows, 1.0, g)
+        emitted = [tree.tokens[i] for i in path] + [bonus]
+        rej += len(path) == 0
+        if len(emitted) == 1:
+            emitted.append(int(torch.multinomial(p1[emitted[0]], 1, generator=g)))
+        counts[emitted[0], emitted[1]] += 1
+    assert _pvalue(counts, p0[:, None] * p1) > 1e-3
+    assert 0 < rej < n
+
+
+def test_sampled_engine_end_to_end_matches_target():
+    """Engine level: the first token of the first speculative cycle follows the target's distribution."""
+    vocab, n = 8, 200
+    cfg = tiny_llama_config(vocab_size=vocab, max_position_embeddings=16, num_hidden_layers=4)
+    hf = tiny_causal_lm(cfg, seed=3)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(40.0)
+    tm = TargetModel(hf, default_capture_points(cfg.num_hidden_layers), 16)
+    drafter = tiny_drafter(cfg, selected=[0, 1, 2, 4, 5, 7], seed=5)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(30.0)
+    eng = Engine(tm, DraftModel(drafter, tm), seed=11)
+    prompt = [1, 3, 5]
+    counts = torch.zeros(vocab)
+    accepted = 0
+    for _ in range(n):
+        r = eng.speculative(prompt, 2, SpecConfig(steps=1, temperature=1.0))
+        counts[r.tokens[1]] += 1
+        accepted += r.accept_lens[0] > 1
+    with torch.no_grad():
+        p1 = torch.softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+        p2 = torch.softmax(hf(torch.tensor([prompt + [a] for a in range(vocab)])).logits[:, -1], -1)
+    assert _pvalue(counts, p1 @ p2) > 1e-3
+    assert 0 < accepted < n
