@@ -434,8 +434,9 @@ def build(
     command: str | None = None,
     root: Path | None = None,
     created_at: str | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> Baseline:
-    """A validated Baseline with provenance captured now."""
+    """A validated Baseline with provenance captured now (or given, for a run made on another machine)."""
     data = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
@@ -444,7 +445,7 @@ def build(
         "source": source,
         "summary": summary,
         "citation": citation.model_dump() if isinstance(citation, Citation) else citation,
-        "provenance": _prov.capture(command, root or find_root()),
+        "provenance": provenance if provenance is not None else _prov.capture(command, root or find_root()),
         "config": config,
         "metrics": metrics,
         "better": better or {},

@@ -1,0 +1,69 @@
+"""Record a run made on the device machine (which has no invoke or pydantic) as a baseline here.
+
+The GPU scripts (scripts/gpu_bench.py, scripts/gpu_train_default.py) write JSON with the run's own
+environment (host, GPU, versions, time). This turns one such file into baselines/KIND/NAME.json with
+the provenance of the machine that ran it, not of this one:
+
+    python scripts/record_device_run.py bench h200-smollm2-default-bf16 OUT/bench.json \\
+        --command "python3 scripts/gpu_bench.py ..." --commit SHA --driver 580.159.04
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from eaglekb import __version__, baselines  # noqa: E402
+from eaglekb.baselines import flatten  # noqa: E402
+
+
+def provenance(env: dict, command: str, commit: str, driver: str | None, cpus: int | None) -> dict:
+    return {
+        "command": command,
+        "git_commit": commit,
+        "git_dirty": False,
+        "host": {"hostname": env.get("host"), "os": None, "machine": "x86_64", "cpu": None, "cpu_count": cpus,
+                 "gpus": [{"name": env.get("gpu")}] if env.get("gpu") else [], "gpu_driver": driver,
+                 "cuda": env.get("cuda")},
+        "versions": {"python": env.get("python"), "torch": env.get("torch"), "transformers": env.get("transformers"),
+                     "eaglekb": __version__, "sglang": None},
+        "env": {},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=["bench", "probe"])
+    ap.add_argument("name")
+    ap.add_argument("file")
+    ap.add_argument("--command", required=True, help="the exact command run on the device machine")
+    ap.add_argument("--commit", required=True, help="the git commit the device machine ran")
+    ap.add_argument("--driver", default=None)
+    ap.add_argument("--cpus", type=int, default=None)
+    ap.add_argument("--env-json", default=None, help="a JSON file with the run's env, when the result has none")
+    args = ap.parse_args()
+    doc = json.loads(Path(args.file).read_text())
+    env = doc.get("env") or json.loads(Path(args.env_json).read_text())
+    metrics = doc["metrics"]
+    paths = set(flatten(metrics))
+    if args.kind == "bench":
+        noise = {"repeats": doc["config"]["repeats"], "spread_kind": "range",
+                 "spread": {k: v for k, v in doc.get("spread", {}).items() if k in paths}, "tolerance_rel": 0.25}
+    else:
+        from eaglekb.probe import noise as probe_noise
+
+        noise = probe_noise(metrics)
+    config = dict(doc["config"], prompts_manifest=doc.get("prompts_manifest"), device_run_wall_s=doc.get("wall_s"))
+    b = baselines.build(kind=args.kind, name=args.name, config=config, metrics=metrics, noise=noise,
+                        summary=doc.get("summary"), created_at=env.get("time"),
+                        provenance=provenance(env, args.command, args.commit, args.driver, args.cpus), root=ROOT)
+    print(baselines.write(b, ROOT))
+
+
+if __name__ == "__main__":
+    main()
