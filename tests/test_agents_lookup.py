@@ -30,17 +30,22 @@ def _is_drafter(bid: str, config: dict | None, drafter: str) -> bool:
     return drafter.lower() in re.split(r"[-_.]", bid.split("/", 1)[-1].lower())
 
 
+ACCEPT_KEYS = ("online.accept_len", "accept_len")
+
+
 def best_accept_length_from_index(index: dict, drafter: str | None = None) -> dict | None:
     """From knowledge.json: the probe baseline with the highest accept_len (of DRAFTER if given),
     the command that reproduces it, and the findings that cite it."""
     best = None
     for bid, entry in index["baselines"].items():
-        if entry["kind"] != "probe" or "accept_len" not in entry["metrics"]:
+        # Measured probes hold the online (runtime, bonus included) accept length; recorded ones a flat value.
+        value = next((entry["metrics"][k] for k in ACCEPT_KEYS if k in entry["metrics"]), None)
+        if entry["kind"] != "probe" or value is None:
             continue
         if drafter and not _is_drafter(bid, entry.get("config"), drafter):
             continue
-        if best is None or entry["metrics"]["accept_len"] > best["accept_len"]:
-            best = {"baseline": bid, "accept_len": entry["metrics"]["accept_len"],
+        if best is None or value > best["accept_len"]:
+            best = {"baseline": bid, "accept_len": value,
                     "command": entry["command"], "source": entry["source"], "file": entry["file"]}
     if best:
         best["findings"] = sorted(fid for fid, f in index["findings"].items() if best["baseline"] in f["evidence"])
@@ -60,7 +65,7 @@ def best_accept_length_from_llms_full(text: str, drafter: str | None = None) -> 
     its config table and its provenance (`- **command**: `...``)."""
     best = None
     for bid, page in _PAGE.findall(text):
-        value = _cell(page, "accept_len")
+        value = next((v for v in (_cell(page, k) for k in ACCEPT_KEYS) if v is not None), None)
         if value is None:
             continue
         if drafter and not _is_drafter(bid, {"drafter": _cell(page, "drafter") or ""}, drafter):
@@ -120,12 +125,16 @@ def test_best_probe_accept_length_from_llms_full(llms_full, index):
         (from_index["baseline"], from_index["accept_len"], from_index["command"])
 
 
-@pytest.mark.xfail(strict=False, reason="default drafter not trained yet (issue 5)")
 def test_best_accept_length_of_the_default_drafter(index, llms_full):
     answer = best_accept_length_from_index(index, drafter="default")
     assert answer is not None, "no probe baseline of the default drafter in knowledge.json"
-    assert answer["accept_len"] > 1.0 and answer["command"].startswith("invoke ")
-    assert best_accept_length_from_llms_full(llms_full, drafter="default")["accept_len"] == answer["accept_len"]
+    recorded = json.loads((ROOT / "baselines/probe/smollm2-135m-default.json").read_text())
+    assert answer["baseline"] == "probe/smollm2-135m-default"
+    assert answer["accept_len"] == recorded["metrics"]["online"]["accept_len"]
+    assert answer["command"].startswith("invoke probe")
+    from_text = best_accept_length_from_llms_full(llms_full, drafter="default")
+    assert from_text["baseline"] == answer["baseline"]
+    assert from_text["accept_len"] == pytest.approx(answer["accept_len"], abs=5e-4)  # the site shows 4 digits
 
 
 def test_lookup_picks_the_drafter_by_config_or_name():

