@@ -103,3 +103,13 @@ def finish(
         out["comparison"] = cmp.model_dump()
         out["comparison_text"] = cmp.text()
     return out
+
+
+def finish_text(doc: dict[str, Any]) -> str:
+    """The lines ``finish`` adds to a task's human output: where it recorded, whether it reproduced."""
+    lines = []
+    if "recorded" in doc:
+        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
+    if "comparison_text" in doc:
+        lines.append(doc["comparison_text"])
+    return ("\n" + "\n".join(lines)) if lines else ""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish
-from runbooks.probe import _int, _tail
+from runbooks._common import cli_errors, emit, finish, finish_text
+from runbooks.probe import _int
 
 
 @task(
@@ -53,7 +53,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
         config = dict(report.config, prompts_manifest=report.prompts_manifest, failures=report.failures)
         doc.update(finish(kind="bench", record=record, compare=compare, config=config, metrics=report.metrics,
                           noise=lib.noise(report), summary=report.summary))
-    emit(doc, lib.render_text(report) + _tail(doc), json)
+    emit(doc, lib.render_text(report) + finish_text(doc), json)
 
 
 @task(
@@ -94,4 +94,4 @@ def sglang(c, url="http://127.0.0.1:30000", prompts="gsm8k-eval", num_prompts=4,
                           summary=f"SGLang {res['median_tok_s']:.1f} tok/s"
                           + (f", accept_len {res['accept_len']:.2f}" if "accept_len" in res else "")))
     emit(doc, f"SGLang at {url}: {res['median_tok_s']:.1f} tok/s"
-         + (f", accept_len {res['accept_len']:.2f}" if "accept_len" in res else "") + _tail(doc), json)
+         + (f", accept_len {res['accept_len']:.2f}" if "accept_len" in res else "") + finish_text(doc), json)

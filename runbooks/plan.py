@@ -5,7 +5,7 @@ from __future__ import annotations
 from invoke import task
 
 from eaglekb import viability
-from runbooks._common import cli_errors, emit, finish, parse_floats
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats
 
 
 def _opt_int(value, option):
@@ -57,13 +57,5 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
         doc.update(finish(kind="plan", record=record, compare=compare, config=config,
                           metrics=viability.metrics(report), noise=viability.NOISE,
                           summary=viability.summary(report)))
-    emit(doc, viability.render_text(report) + _tail(doc), json)
+    emit(doc, viability.render_text(report) + finish_text(doc), json)
 
-
-def _tail(doc):
-    lines = []
-    if "recorded" in doc:
-        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
-    if "comparison_text" in doc:
-        lines.append(doc["comparison_text"])
-    return ("\n" + "\n".join(lines)) if lines else ""

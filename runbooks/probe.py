@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish, parse_floats
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats
 
 DEFAULT_RECORD = "smollm2-135m-default"
 
@@ -68,13 +68,5 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
         config = dict(report.config, prompts_manifest=report.prompts_manifest)
         doc.update(finish(kind="probe", record=record, compare=compare, config=config, metrics=report.metrics,
                           noise=lib.noise(report.metrics), summary=report.summary))
-    emit(doc, lib.render_text(report) + _tail(doc), json)
+    emit(doc, lib.render_text(report) + finish_text(doc), json)
 
-
-def _tail(doc):
-    lines = []
-    if "recorded" in doc:
-        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
-    if "comparison_text" in doc:
-        lines.append(doc["comparison_text"])
-    return ("\n" + "\n".join(lines)) if lines else ""

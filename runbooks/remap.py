@@ -7,16 +7,8 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish
+from runbooks._common import cli_errors, emit, finish, finish_text
 
-
-def _tail(doc):
-    lines = []
-    if "recorded" in doc:
-        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
-    if "comparison_text" in doc:
-        lines.append(doc["comparison_text"])
-    return ("\n" + "\n".join(lines)) if lines else ""
 
 
 @task(
@@ -64,7 +56,7 @@ def remap(c, drafter, mapping, out, init=None, target=None, source_counts=None, 
                               noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
                               summary=f"kept {report['kept']}, moved {report['moved']}, new {report['new']}, "
                                       f"dropped {report['dropped']}"))
-    emit(doc, R.render_remap(report) + _tail(doc), json)
+    emit(doc, R.render_remap(report) + finish_text(doc), json)
 
 
 @task(
@@ -96,4 +88,4 @@ def measure(c, mapping_a, mapping_b, target="smollm2-135m", eval_corpus=None, ev
         doc = dict(result)
         doc.update(finish(kind="remap", record=record, compare=compare, config=result["config"],
                           metrics=result["metrics"], noise=result["noise"], summary=result["summary"]))
-    emit(doc, M.render(result) + _tail(doc), json)
+    emit(doc, M.render(result) + finish_text(doc), json)

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish
+from runbooks._common import cli_errors, emit, finish, finish_text
 
-
-def _tail(doc):
-    lines = []
-    if "recorded" in doc:
-        lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
-    if "comparison_text" in doc:
-        lines.append(doc["comparison_text"])
-    return ("\n" + "\n".join(lines)) if lines else ""
 
 
 def _int(value, option):
@@ -88,7 +80,7 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
                           noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
                           summary=f"top {n} of {mapping.vocab_size} tokens cover "
                                   f"{metrics['coverage_pct']:.2f}% of {tc.total:,} counted tokens"))
-    emit(doc, vocab.render_build(mapping, path) + _tail(doc), json)
+    emit(doc, vocab.render_build(mapping, path) + finish_text(doc), json)
 
 
 @task(
@@ -117,7 +109,7 @@ def compare(c, a, b, counts=None, json=False, record=None, compare=None):
                           summary=f"{doc['position_matches']} of {max(ma.draft_vocab_size, mb.draft_vocab_size)} "
                                   f"positions match, set overlap {doc['set_overlap']} "
                                   f"(Jaccard {doc['jaccard']:.3f})"))
-    emit(doc, vocab.render_comparison(doc) + _tail(doc), json)
+    emit(doc, vocab.render_comparison(doc) + finish_text(doc), json)
 
 
 def _brief(mapping):
