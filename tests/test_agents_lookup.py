@@ -94,10 +94,16 @@ def _recorded_probes() -> dict[str, dict]:
     return {f"probe/{p.stem}": json.loads(p.read_text()) for p in sorted((ROOT / "baselines/probe").glob("*.json"))}
 
 
+def _accept_len(data: dict) -> float | None:
+    """Read straight from the JSON: online accept length (measured probes) or the flat value (recorded)."""
+    m = data["metrics"]
+    return m["online"]["accept_len"] if "accept_len" in m.get("online", {}) else m.get("accept_len")
+
+
 def _expected_best() -> tuple[str, dict]:
-    probes = {bid: b for bid, b in _recorded_probes().items() if "accept_len" in b["metrics"]}
-    assert probes, "no probe baseline records accept_len"
-    return max(probes.items(), key=lambda kv: kv[1]["metrics"]["accept_len"])
+    probes = {bid: b for bid, b in _recorded_probes().items() if _accept_len(b) is not None}
+    assert probes, "no probe baseline records an accept length"
+    return max(probes.items(), key=lambda kv: _accept_len(kv[1]))
 
 
 # --------------------------------------------------------------------------- tests
@@ -107,22 +113,18 @@ def test_best_probe_accept_length_from_knowledge_json(index):
     bid, data = _expected_best()
     answer = best_accept_length_from_index(index)
     assert answer["baseline"] == bid
-    assert answer["accept_len"] == data["metrics"]["accept_len"]
+    assert answer["accept_len"] == _accept_len(data)
     assert answer["command"] == data["provenance"]["command"] and answer["command"].strip()
     assert answer["file"] == f"baselines/{bid}.json"
-    # Today's best: the Phase 0 probe of the K2 drafter (1.5), cited by F01.
-    if bid == "probe/k25-phase0-k2-drafter":
-        assert answer["accept_len"] == 1.5 and "F01-breakeven-not-one" in answer["findings"]
 
 
 def test_best_probe_accept_length_from_llms_full(llms_full, index):
     bid, data = _expected_best()
     answer = best_accept_length_from_llms_full(llms_full)
-    assert answer == {"baseline": bid, "accept_len": data["metrics"]["accept_len"],
-                      "command": data["provenance"]["command"]}
+    assert (answer["baseline"], answer["command"]) == (bid, data["provenance"]["command"])
+    assert answer["accept_len"] == pytest.approx(_accept_len(data), abs=5e-4)  # the site shows 4 digits
     from_index = best_accept_length_from_index(index)
-    assert (answer["baseline"], answer["accept_len"], answer["command"]) == \
-        (from_index["baseline"], from_index["accept_len"], from_index["command"])
+    assert (answer["baseline"], answer["command"]) == (from_index["baseline"], from_index["command"])
 
 
 def test_best_accept_length_of_the_default_drafter(index, llms_full):
