@@ -127,9 +127,10 @@ def baseline_page(baseline: Baseline, plots: Iterable[str] = ()) -> str:
         ]
     else:
         parts += ['!!! success "Measured by a runbook"', f"    Rerun: `{baseline.provenance.command}`", ""]
+    plots = list(plots)
+    if plots:  # curves first: a long metric table would push them out of sight
+        parts += ["## Plots", ""] + [line for rel in plots for line in (f"![{baseline.id}]({rel})", "")]
     parts += ["## Metrics", "", metrics_table(baseline), ""]
-    for rel in plots:
-        parts += [f"![{baseline.id}]({rel})", ""]
     parts += [
         "## Noise",
         "",
