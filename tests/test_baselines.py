@@ -156,6 +156,16 @@ def test_direction_from_unit_and_override(root):
     assert bl.direction(b, "cycle.verify_ms") == "none"
 
 
+@pytest.mark.parametrize("path, expected", [
+    ("val.acc.step0_pct", "higher"), ("online.accept_len", "higher"), ("breakeven_len", "lower"),
+    ("targets.t150.required_len", "none"), ("mapping.source_mass_lost_pct", "lower"),
+    ("coverage.a_counts.b_pct", "higher"), ("online.exact_match_frac", "higher"),
+    ("position_match_pct", "none"), ("throughput.train_s", "lower"),
+])
+def test_direction_from_name_rules(root, path, expected):
+    assert bl.direction(make(root), path) == expected
+
+
 def test_repository_baselines_are_valid():
     ok, problems = bl.check_all(Path(__file__).resolve().parents[1])
     assert problems == []

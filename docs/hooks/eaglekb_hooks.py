@@ -169,6 +169,9 @@ def _schema() -> str:
         f"### Kinds\n\n| kind | holds |\n|---|---|\n{kinds}\n\n"
         f"### Metric units\n\nEvery metric name ends in one of these suffixes.\n\n"
         f"| suffix | unit | better by default |\n|---|---|---|\n{units}\n\n"
+        "### Better direction\n\nA baseline's `better` map decides; otherwise the first of these words found in the "
+        "metric's dotted path, in this order; otherwise the unit's default above.\n\n"
+        "| word | better |\n|---|---|\n" + "\n".join(f"| `{w}` | {d} |" for w, d in bl.NAME_RULES) + "\n\n"
         f"### JSON Schema (v{bl.SCHEMA_VERSION})\n\n```json\n{schema}\n```\n"
     )
 

@@ -246,10 +246,32 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, float]:
     return out
 
 
+#: Words in a metric's dotted path that decide its better direction where the unit cannot
+#: (a percent of what?), checked in order, before the unit's default. A baseline's own
+#: ``better`` map overrides both.
+NAME_RULES: tuple[tuple[str, Direction], ...] = (
+    ("breakeven", "lower"),  # a lower break-even accept length is easier to beat
+    ("required", "none"),  # what a target needs: arithmetic, not a result
+    ("lost", "lower"),
+    ("dropped", "lower"),
+    ("divergen", "lower"),
+    ("mismatch", "lower"),
+    ("acc", "higher"),  # accuracy, accept length
+    ("coverage", "higher"),
+    ("agree", "higher"),
+    ("exact", "higher"),
+)
+
+
 def direction(baseline: Baseline, path: str) -> Direction:
-    """Whether higher or lower is better for a metric (declared, else by its unit)."""
+    """Whether higher or lower is better for a metric: declared in ``better``, else by the
+    first matching word of NAME_RULES, else by its unit's default."""
     if path in baseline.better:
         return baseline.better[path]
+    lowered = path.lower()
+    for word, rule in NAME_RULES:
+        if word in lowered:
+            return rule
     unit = unit_of(path.rsplit(".", 1)[-1])
     return UNITS[unit][1] if unit else "none"
 
