@@ -207,11 +207,26 @@ def test_compare_different_mapping_needs_remap(tmp_path):
     assert m["set_overlap"] == 19 and 0 < m["jaccard"] < 1 and m["position_matches"] < DRAFT_VOCAB
 
 
-def test_compare_shape_difference_is_incompatible(tmp_path):
+def test_compare_draft_vocab_resize_is_compatible_after_remap(tmp_path):
+    """Only the mapping-sized tensors differ: `invoke remap` moves rows into a mapping of any size."""
     a = write_drafter(tmp_path / "a")
     b = write_drafter(tmp_path / "b", selected=list(range(20)))
     r = compare_checkpoints(a, b)
-    assert r["verdict"].startswith("incompatible:") and "draft_vocab_size 40 vs 20" in r["verdict"]
+    assert r["compatible"] and r["verdict"].startswith("compatible after remap:")
+    assert "draft vocab 40 vs 20" in r["verdict"]
+    assert "sorted by target id" in r["mapping"]["explanation"]
+
+
+def test_compare_other_shape_difference_is_incompatible(tmp_path):
+    a = write_drafter(tmp_path / "a")
+    b = write_drafter(tmp_path / "b")
+
+    def widen(t):
+        t["midlayer.mlp.up_proj.weight"] = torch.zeros(t["midlayer.mlp.up_proj.weight"].shape[0] + 8,
+                                                       t["midlayer.mlp.up_proj.weight"].shape[1])
+    rewrite_tensors(b, widen)
+    r = compare_checkpoints(a, b)
+    assert not r["compatible"] and "tensor shapes differ (midlayer.mlp.up_proj.weight)" in r["verdict"]
 
 
 def test_compare_reports_embed_tokens_presence(tmp_path):

@@ -416,14 +416,17 @@ def compare_checkpoints(a: str | Path, b: str | Path) -> dict:
     only_b = [n for n in names if n in nb and n not in na]
     shape_diff = [n for n in names if n in na and n in nb and not tensors[n]["same_shape"]]
     dtype_diff = [n for n in names if n in na and n in nb and not tensors[n]["same_dtype"]]
-    mapping = _mapping_overlap(sa, sb)
+    mapping = _mapping_overlap(sa, sb, ca.get("vocab_size"), cb.get("vocab_size"))
 
     why = []
-    for key in ("vocab_size", "hidden_size", "target_hidden_size", "draft_vocab_size"):
+    for key in ("vocab_size", "hidden_size", "target_hidden_size"):
         if ca.get(key) != cb.get(key):
             why.append(f"{key} {ca.get(key)} vs {cb.get(key)}")
-    if shape_diff:
-        why.append(f"tensor shapes differ ({', '.join(shape_diff[:3])})")
+    # A different draft vocab size only changes the mapping-sized tensors: `invoke remap` handles that.
+    resized = ca.get("draft_vocab_size") != cb.get("draft_vocab_size")
+    shape_diff_left = [n for n in shape_diff if not (resized and n in ("d2t", "lm_head.weight"))]
+    if shape_diff_left:
+        why.append(f"tensor shapes differ ({', '.join(shape_diff_left[:3])})")
     for label, r in (("A", ra), ("B", rb)):
         if r["errors"]:
             codes = sorted({f["code"] for f in r["findings"] if f["severity"] == "error"})
@@ -444,7 +447,9 @@ def compare_checkpoints(a: str | Path, b: str | Path) -> dict:
     elif mapping.get("identical"):
         verdict = "drop-in compatible"
     else:
-        verdict = ("compatible after remap: same shapes, but the d2t mappings differ "
+        verdict = ("compatible after remap: " + (
+                   f"draft vocab {ca.get('draft_vocab_size')} vs {cb.get('draft_vocab_size')}, " if resized else
+                   "same shapes, but ") + "the d2t mappings differ "
                    f"({mapping.get('position_matches')} of {mapping.get('size_a')} positions agree); "
                    "lm_head rows must be moved by target token id before reusing weights")
     return {
@@ -475,23 +480,35 @@ def _canonical(report: dict) -> dict[str, dict]:
     return out
 
 
-def _mapping_overlap(sa, sb) -> dict:
-    if sa is None or sb is None:
+def _mapping_overlap(sa, sb, vocab_a, vocab_b) -> dict:
+    """Overlap of the two mappings, through ``vocab.compare_mappings`` (one implementation)."""
+    if sa is None or sb is None or not isinstance(vocab_a, int) or vocab_a != vocab_b:
         return {"available": False}
-    A, B = set(sa), set(sb)
-    inter = len(A & B)
-    union = len(A | B)
-    n = min(len(sa), len(sb))
-    pos = sum(1 for i in range(n) if sa[i] == sb[i])
+    import torch
+
+    from eaglekb import vocab as V
+    from eaglekb.errors import EaglekbError
+
+    def mapping(selected, label):
+        ids = torch.tensor(selected, dtype=torch.int64)
+        return V.Mapping(d2t=ids - torch.arange(ids.numel(), dtype=torch.int64), vocab_size=vocab_a, source=label)
+
+    try:
+        doc = V.compare_mappings(mapping(sa, "A"), mapping(sb, "B"))
+    except (EaglekbError, IndexError, RuntimeError):  # an invalid mapping: inspect's findings say why
+        return {"available": False}
     return {
         "available": True,
         "size_a": len(sa),
         "size_b": len(sb),
-        "position_matches": pos,
-        "position_match_pct": round(100.0 * pos / max(len(sa), len(sb), 1), 2),
-        "set_overlap": inter,
-        "jaccard": round(inter / union, 4) if union else 1.0,
-        "identical": sa == sb,
+        "position_matches": doc["position_matches"],
+        "position_match_pct": round(doc["position_match_pct"], 2),
+        "set_overlap": doc["set_overlap"],
+        "jaccard": round(doc["jaccard"], 4),
+        "longest_matching_run": doc["longest_matching_run"],
+        "shared_shifted": doc["shared_shifted"],
+        "identical": doc["identical"],
+        "explanation": doc["explanation"],
     }
 
 
@@ -542,6 +559,8 @@ def render_comparison(report: dict) -> str:
     if m.get("available"):
         lines.append(f"mapping: {m['position_matches']}/{m['size_a']} positions match "
                      f"({m['position_match_pct']}%), set overlap {m['set_overlap']}, Jaccard {m['jaccard']}")
+        if m.get("explanation"):
+            lines.append(f"mapping: {m['explanation']}")
     for note in report["notes"]:
         lines.append(f"note: {note}")
     lines.append(f"verdict: {report['verdict']}")
