@@ -6,6 +6,13 @@ the provenance of the machine that ran it, not of this one:
 
     python scripts/record_device_run.py bench h200-smollm2-default-bf16 OUT/bench.json \\
         --command "python3 scripts/gpu_bench.py ..." --commit SHA --driver 580.159.04
+
+scripts/gpu_story.py writes finetune-ARM.json (a finetune result with its probe under "probe") and
+story.json (datagen per domain under "datagen.a" / "datagen.b"); --part picks a sub-document:
+
+    python scripts/record_device_run.py finetune NAME OUT/finetune-b-remap.json --command ... --commit SHA
+    python scripts/record_device_run.py probe NAME OUT/finetune-b-remap.json --part probe --command ... --commit SHA
+    python scripts/record_device_run.py datagen NAME OUT/story.json --part datagen.b --command ... --commit SHA
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ def provenance(env: dict, command: str, commit: str, driver: str | None, cpus: i
     }
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=["bench", "probe"])
+    ap.add_argument("kind", choices=["bench", "probe", "finetune", "datagen"])
     ap.add_argument("name")
     ap.add_argument("file")
     ap.add_argument("--command", required=True, help="the exact command run on the device machine")
@@ -46,22 +53,37 @@ def main() -> None:
     ap.add_argument("--driver", default=None)
     ap.add_argument("--cpus", type=int, default=None)
     ap.add_argument("--env-json", default=None, help="a JSON file with the run's env, when the result has none")
-    args = ap.parse_args()
-    doc = json.loads(Path(args.file).read_text())
-    env = doc.get("env") or json.loads(Path(args.env_json).read_text())
+    ap.add_argument("--part", default=None, help="dotted key of the sub-document to record (probe, datagen.a)")
+    ap.add_argument("--dry-run", action="store_true", help="validate against the schema, write nothing")
+    args = ap.parse_args(argv)
+    top = json.loads(Path(args.file).read_text())
+    doc = top
+    for key in (args.part.split(".") if args.part else []):
+        if not isinstance(doc, dict) or key not in doc:
+            raise SystemExit(f"error: {args.file} has no part {args.part!r}")
+        doc = doc[key]
+    env = doc.get("env") or top.get("env") or json.loads(Path(args.env_json).read_text())
     metrics = doc["metrics"]
     paths = set(flatten(metrics))
     if args.kind == "bench":
         noise = {"repeats": doc["config"]["repeats"], "spread_kind": "range",
                  "spread": {k: v for k, v in doc.get("spread", {}).items() if k in paths}, "tolerance_rel": 0.25}
-    else:
+    elif args.kind == "probe":
         from eaglekb.probe import noise as probe_noise
 
         noise = probe_noise(metrics)
+    elif args.kind == "finetune":  # as runbooks/finetune.py records
+        noise = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
+    else:  # datagen, as runbooks/datagen.py records
+        noise = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.25,
+                 "tolerance_abs": {"bytes_per_token_bytes": 64.0}}
     config = dict(doc["config"], prompts_manifest=doc.get("prompts_manifest"), device_run_wall_s=doc.get("wall_s"))
     b = baselines.build(kind=args.kind, name=args.name, config=config, metrics=metrics, noise=noise,
-                        summary=doc.get("summary"), created_at=env.get("time"),
+                        summary=doc.get("summary"), series=doc.get("series") or None, created_at=env.get("time"),
                         provenance=provenance(env, args.command, args.commit, args.driver, args.cpus), root=ROOT)
+    if args.dry_run:
+        print(f"valid {args.kind}/{args.name} ({len(paths)} metrics); not written (--dry-run)")
+        return
     print(baselines.write(b, ROOT))
 
 
