@@ -60,6 +60,18 @@ def parse_floats(values: Any, option: str) -> list[float]:
     return out
 
 
+def parse_int(value: Any, option: str) -> int | None:
+    """Parse a whole-number option given as text (None or empty: not given)."""
+    from eaglekb.errors import BadInput
+
+    if value in (None, ""):
+        return None
+    try:
+        return int(str(value))
+    except ValueError:
+        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
+
+
 def command_line() -> str:
     """The exact command as typed (for provenance)."""
     import shlex

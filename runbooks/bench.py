@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish, finish_text
-from runbooks.probe import _int
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
 
 
 @task(
@@ -42,10 +41,10 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
 
         cfg = lib.BenchConfig(
             target=target, drafter=drafter or DEFAULT_DRAFTER, prompts=prompts,
-            num_prompts=_int(num_prompts, "--num-prompts"), max_new_tokens=_int(max_new_tokens, "--max-new-tokens"),
-            sweep=lib.parse_sweep(sweep, _int(steps, "--steps"), _int(topk, "--topk"),
-                                  _int(draft_tokens, "--draft-tokens")),
-            repeats=_int(repeats, "--repeats"), warmup=_int(warmup, "--warmup"), device=device, dtype=dtype,
+            num_prompts=parse_int(num_prompts, "--num-prompts"), max_new_tokens=parse_int(max_new_tokens, "--max-new-tokens"),
+            sweep=lib.parse_sweep(sweep, parse_int(steps, "--steps"), parse_int(topk, "--topk"),
+                                  parse_int(draft_tokens, "--draft-tokens")),
+            repeats=parse_int(repeats, "--repeats"), warmup=parse_int(warmup, "--warmup"), device=device, dtype=dtype,
             graphs=graphs, peers=[p.strip() for p in str(peers).split(",") if p.strip()],
         )
         report = lib.run(cfg, progress=not json)
@@ -75,11 +74,11 @@ def sglang(c, url="http://127.0.0.1:30000", prompts="gsm8k-eval", num_prompts=4,
         from eaglekb import runsetup
         from eaglekb.sglang_backend import SGLangClient
 
-        pset = runsetup.prompt_set(prompts, _int(num_prompts, "--num-prompts"))
+        pset = runsetup.prompt_set(prompts, parse_int(num_prompts, "--num-prompts"))
         client = SGLangClient(url)
         info = client.server_info()
-        res = client.bench([p.text for p in pset.prompts], _int(max_new_tokens, "--max-new-tokens"),
-                           repeats=_int(repeats, "--repeats"))
+        res = client.bench([p.text for p in pset.prompts], parse_int(max_new_tokens, "--max-new-tokens"),
+                           repeats=parse_int(repeats, "--repeats"))
         spread = res.pop("spread")
         config = {"backend": "sglang", "url": url, "prompts": prompts, "prompts_manifest": pset.manifest,
                   "max_new_tokens": max_new_tokens, "server_info": {k: info.get(k) for k in (

@@ -5,18 +5,8 @@ from __future__ import annotations
 from invoke import task
 
 from eaglekb import viability
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int
 
-
-def _opt_int(value, option):
-    from eaglekb.errors import BadInput
-
-    if value in (None, ""):
-        return None
-    try:
-        return int(str(value))
-    except ValueError:
-        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
 
 
 @task(
@@ -49,8 +39,8 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
         al = parse_floats(accept_len, "--accept-len")
         config = dict(
             baseline_tok_s=bt, cycle_ms=cm, accept_len=al[0] if al else None,
-            targets=parse_floats(target_tps, "--target-tps"), steps=_opt_int(steps, "--steps"),
-            topk=_opt_int(topk, "--topk"), draft_tokens=_opt_int(draft_tokens, "--draft-tokens"),
+            targets=parse_floats(target_tps, "--target-tps"), steps=parse_int(steps, "--steps"),
+            topk=parse_int(topk, "--topk"), draft_tokens=parse_int(draft_tokens, "--draft-tokens"),
         )
         report = viability.plan(**config)
         doc = report.to_dict()

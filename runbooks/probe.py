@@ -4,20 +4,10 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int
 
 DEFAULT_RECORD = "smollm2-135m-default"
 
-
-def _int(value, option):
-    from eaglekb.errors import BadInput
-
-    if value in (None, ""):
-        return None
-    try:
-        return int(str(value))
-    except ValueError:
-        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
 
 
 def _one_float(value, option):
@@ -57,9 +47,9 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
 
         cfg = lib.ProbeConfig(
             target=target, drafter=drafter or DEFAULT_DRAFTER, reference_drafter=reference_drafter,
-            prompts=prompts, num_prompts=_int(num_prompts, "--num-prompts"),
-            max_new_tokens=_int(max_new_tokens, "--max-new-tokens"), steps=_int(steps, "--steps"),
-            topk=_int(topk, "--topk"), draft_tokens=_int(draft_tokens, "--draft-tokens"),
+            prompts=prompts, num_prompts=parse_int(num_prompts, "--num-prompts"),
+            max_new_tokens=parse_int(max_new_tokens, "--max-new-tokens"), steps=parse_int(steps, "--steps"),
+            topk=parse_int(topk, "--topk"), draft_tokens=parse_int(draft_tokens, "--draft-tokens"),
             temperature=_one_float(temperature, "--temperature"), device=device, dtype=dtype,
             baseline_tps=_one_float(baseline_tps, "--baseline-tps"), cycle_ms=_one_float(cycle_ms, "--cycle-ms"),
         )

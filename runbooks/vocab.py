@@ -4,17 +4,9 @@ from __future__ import annotations
 
 from invoke import task
 
-from runbooks._common import cli_errors, emit, finish, finish_text
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
 
 
-
-def _int(value, option):
-    from eaglekb.errors import BadInput
-
-    try:
-        return int(str(value))
-    except ValueError:
-        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
 
 
 @task(
@@ -41,7 +33,7 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
         from eaglekb import vocab
         from eaglekb.errors import BadInput
 
-        n = _int(draft_vocab_size, "--draft-vocab-size")
+        n = parse_int(draft_vocab_size, "--draft-vocab-size")
         given = [x for x in (counts, dataset, corpus) if x]
         if len(given) != 1:
             raise BadInput("say what to count", where="vocab.build", expected="exactly one of --counts, "
@@ -58,8 +50,8 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
 
             from eaglekb import corpora, sources
 
-            limit = _int(per_source, "--per-source") if per_source else 10**9
-            prompts = corpora.mix(corpus, per_source=limit, seed=_int(seed, "--seed"))
+            limit = parse_int(per_source, "--per-source") if per_source else 10**9
+            prompts = corpora.mix(corpus, per_source=limit, seed=parse_int(seed, "--seed"))
             tok = AutoTokenizer.from_pretrained(str(sources.resolve(target)))
             tc = vocab.counts_from_prompts(prompts, tok, progress=True)
             config.update(corpora=list(corpus), per_source=per_source and limit, target=target,

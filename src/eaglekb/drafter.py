@@ -553,8 +553,8 @@ def build_drafter_for_target(
 # ----------------------------------------------------------------------------- files
 
 
-def read_config(path: str | Path) -> tuple[DrafterConfig, str]:
-    """Parse ``config.json`` of a drafter folder; returns (config, format)."""
+def read_config_json(path: str | Path) -> dict:
+    """The raw ``config.json`` object of a model or drafter folder, with one-line errors."""
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise MissingFile("drafter config.json not found", where=str(cfg_path))
@@ -566,6 +566,13 @@ def read_config(path: str | Path) -> tuple[DrafterConfig, str]:
     if not isinstance(doc, dict):
         raise SchemaError("config.json is not an object", where=str(cfg_path),
                           expected="a JSON object", found=type(doc).__name__)
+    return doc
+
+
+def read_config(path: str | Path) -> tuple[DrafterConfig, str]:
+    """Parse ``config.json`` of a drafter folder; returns (config, format)."""
+    cfg_path = Path(path) / "config.json"
+    doc = read_config_json(path)
     if "speculators_model_type" in doc:
         return DrafterConfig.from_speculators_json(doc, str(cfg_path)), "speculators"
     return DrafterConfig.from_sglang_json(doc, str(cfg_path)), "sglang"

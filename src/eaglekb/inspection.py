@@ -16,12 +16,11 @@ Knows nothing about targets, training or the task runner.
 from __future__ import annotations
 
 import difflib
-import json
 from pathlib import Path
 from typing import Any
 
-from eaglekb.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH
-from eaglekb.errors import IntegrityError, MissingFile, SchemaError
+from eaglekb.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH, read_config_json
+from eaglekb.errors import IntegrityError, MissingFile
 
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _KNOWN = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
@@ -45,19 +44,6 @@ def _finding(code: str, severity: str, message: str) -> dict:
 # ----------------------------------------------------------------------------- reading
 
 
-def _read_config(folder: Path) -> dict:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise MissingFile("drafter config.json not found", where=str(path))
-    try:
-        doc = json.loads(path.read_text())
-    except ValueError as exc:
-        raise SchemaError("config.json is not valid JSON", where=str(path),
-                          expected="a JSON object", found=str(exc)) from None
-    if not isinstance(doc, dict):
-        raise SchemaError("config.json is not an object", where=str(path),
-                          expected="a JSON object", found=type(doc).__name__)
-    return doc
 
 
 def _read_headers(folder: Path) -> tuple[dict[str, dict], list[str]]:
@@ -160,7 +146,7 @@ def _inspect(path: str | Path, target: str | Path | None = None) -> tuple[dict, 
     folder = Path(path)
     if not folder.is_dir():
         raise MissingFile("drafter folder not found", where=str(folder))
-    config = _read_config(folder)
+    config = read_config_json(folder)
     tensors, files = _read_headers(folder)
     fmt, flat, names, findings = _normalise(config, tensors)
     shape = {canon: tensors[stored]["shape"] for canon, stored in names.items()}
@@ -286,7 +272,7 @@ def _check_target(target, flat: dict, shape: dict, aux: dict, findings: list) ->
     """Drafter versus a target's config.json: hidden size, vocab, capture points."""
     if not Path(target).is_dir():
         raise MissingFile("target folder not found", where=str(target))
-    tc = _read_config(Path(target))
+    tc = read_config_json(Path(target))
     tc = tc.get("text_config", tc)
     hidden, vocab, layers = tc.get("hidden_size"), tc.get("vocab_size"), tc.get("num_hidden_layers")
     fc = shape.get("fc.weight")
