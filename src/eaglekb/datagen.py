@@ -452,7 +452,8 @@ def _prepare_out(out: Path, identity: dict) -> dict:
     ident_hash = config_hash(identity)
     if existing is not None:
         if existing.get("identity_hash") != ident_hash:
-            diff = _first_difference(existing.get("identity", {}), identity)
+            where, old, new = first_difference(existing.get("identity", {}), identity)
+            diff = f"{where}: {old!r} != {new!r}"
             raise Incompatible("output folder holds a dataset of another config", where=str(out / MANIFEST),
                                expected=f"identity {ident_hash}", found=f"{existing.get('identity_hash')} ({diff})",
                                fix="use another --out (nothing was overwritten)")
@@ -464,12 +465,13 @@ def _prepare_out(out: Path, identity: dict) -> dict:
             "identity_hash": ident_hash, "shards": {}}
 
 
-def _first_difference(a: Any, b: Any, path: str = "") -> str:
+def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any]:
+    """The first (dotted path, old, new) where two nested config dicts differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
-    return f"{path}: {a!r} != {b!r}"
+                return first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
+    return path, a, b
 
 
 def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bool = True,

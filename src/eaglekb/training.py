@@ -516,7 +516,10 @@ def load_checkpoint(path: Path, drafter, opt, fingerprint: dict) -> dict:
         raise IntegrityError("checkpoint state is not valid JSON", where=str(path / STATE_DIR / STATE_JSON),
                              found=str(exc)) from None
     if doc.get("fingerprint_hash") != _hash(fingerprint):
-        diff = _first_difference(doc.get("fingerprint", {}), fingerprint)
+        from eaglekb.datagen import first_difference
+
+        where, old, new = first_difference(doc.get("fingerprint", {}), fingerprint)
+        diff = f"{where}: {old!r} in the checkpoint, {new!r} now"
         raise Incompatible("checkpoint is from another training config", where=str(path),
                            expected="the same data, drafter shape, mapping and schedule", found=diff,
                            fix="resume with the config that wrote it, or use another --out")
@@ -546,13 +549,6 @@ def load_checkpoint(path: Path, drafter, opt, fingerprint: dict) -> dict:
 def _hash(doc: Any) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-
-def _first_difference(a: Any, b: Any, path: str = "") -> str:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            if a.get(k) != b.get(k):
-                return _first_difference(a.get(k), b.get(k), f"{path}.{k}" if path else k)
-    return f"{path}: {a!r} in the checkpoint, {b!r} now"
 
 
 # ----------------------------------------------------------------------------- the run
