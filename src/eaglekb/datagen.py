@@ -91,6 +91,18 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def read_shard_tensor(file: Path, name: str):
+    """One whole tensor of a shard; a truncated or corrupt shard is one IntegrityError line."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as fh:
+            return fh.get_tensor(name)
+    except Exception as exc:  # noqa: BLE001 - safetensors raises several types on corrupt data
+        raise IntegrityError("unreadable shard (truncated or corrupt)", where=str(file),
+                             found=str(exc).splitlines()[0][:120]) from None
+
+
 def _sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -663,11 +675,8 @@ class Dataset:
 
     def token_ids_and_masks(self) -> Iterator[tuple[Any, Any]]:
         """(input_ids, loss_mask) per shard, for vocab statistics."""
-        from safetensors import safe_open
-
         for file in self.shard_files:
-            with safe_open(str(file), framework="pt") as fh:
-                yield fh.get_tensor("input_ids"), fh.get_tensor("loss_mask")
+            yield read_shard_tensor(file, "input_ids"), read_shard_tensor(file, "loss_mask")
 
     def target_head(self) -> tuple[Any, Any]:
         """(embed_tokens, lm_head) of the target, as stored with the data."""
@@ -688,7 +697,6 @@ class Dataset:
 
 def open_dataset(path: str | Path, *, verify: str = "size") -> Dataset:
     """Open a datagen folder; ``verify``: "size" (cheap: sizes and headers) or "sha256" (full hash)."""
-    from safetensors import safe_open
 
     path = Path(path)
     if not path.is_dir():
@@ -709,12 +717,7 @@ def open_dataset(path: str | Path, *, verify: str = "size") -> Dataset:
         if verify == "sha256" and _sha256_file(file) != entry["sha256"]:
             raise IntegrityError("shard hash differs from the manifest", where=str(file),
                                  expected=entry["sha256"][:16], found="another hash")
-        try:
-            with safe_open(str(file), framework="pt") as fh:
-                off = fh.get_tensor("offsets").tolist()
-        except Exception as exc:  # noqa: BLE001
-            raise IntegrityError("unreadable shard (truncated or corrupt)", where=str(file),
-                                 found=str(exc).splitlines()[0][:120]) from None
+        off = read_shard_tensor(file, "offsets").tolist()
         s = len(files)
         files.append(file)
         offsets.append(off)

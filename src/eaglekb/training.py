@@ -393,16 +393,11 @@ def _split(dataset, cfg: TrainConfig, loss_counts: list[int]) -> tuple[list[int]
 
 
 def _loss_counts(dataset, max_len: int) -> list[int]:
-    out: list[int] = []
-    from safetensors import safe_open
+    from eaglekb.datagen import read_shard_tensor
 
+    out: list[int] = []
     for file, offs in zip(dataset.shard_files, dataset.offsets):
-        try:
-            with safe_open(str(file), framework="pt") as fh:
-                m = fh.get_tensor("loss_mask").long()
-        except Exception as exc:  # noqa: BLE001
-            raise IntegrityError("unreadable shard (truncated or corrupt)", where=str(file),
-                                 found=str(exc).splitlines()[0][:120]) from None
+        m = read_shard_tensor(file, "loss_mask").long()
         for a, b in zip(offs[:-1], offs[1:]):
             # positions that can carry a loss: the mask shifted by two (see TTTModel.forward)
             out.append(int(m[a + 2:min(b, a + max_len)].sum()))
