@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 VOCAB = 128
@@ -68,3 +69,14 @@ def rewrite_config(path: Path, edit) -> None:
     doc = json.loads(file.read_text())
     edit(doc)
     file.write_text(json.dumps(doc))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread: several times faster on a shared, loaded CPU; restored afterwards.
+    A module uses it for all its tests with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``
+    after importing it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

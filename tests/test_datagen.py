@@ -13,6 +13,9 @@ import torch
 from eaglekb import datagen
 from eaglekb.corpora import Prompt, PromptSet
 from eaglekb.errors import Incompatible, IntegrityError, SchemaError, Unavailable
+from fixtures_models import one_torch_thread  # noqa: E402,F401  (the fixture, used below)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
           "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
@@ -68,13 +71,6 @@ def small_cfg(**over) -> datagen.DatagenConfig:
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: several times faster on a shared, loaded CPU; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):

@@ -13,16 +13,12 @@ from eaglekb import datagen, training
 from eaglekb.errors import BadInput, Incompatible, IntegrityError
 
 from test_datagen import make_target, prompts, small_cfg  # noqa: E402  (tests/ is on sys.path)
+from fixtures_models import one_torch_thread  # noqa: E402,F401  (the fixture, used below)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One torch thread: several times faster on a shared, loaded CPU; restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
