@@ -17,7 +17,7 @@ os.environ.setdefault("EAGLEKB_ROOT", str(ROOT))
 
 ns = Collection()
 for module_name in ("plan", "baselines", "docs", "models", "inspect", "vocab", "remap",
-                    "datagen", "finetune", "probe", "bench"):
+                    "datagen", "finetune", "probe", "bench", "story"):
     try:
         module = importlib.import_module(f"runbooks.{module_name}")
     except ModuleNotFoundError as exc:

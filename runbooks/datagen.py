@@ -6,10 +6,6 @@ from invoke import task
 
 from runbooks._common import cli_errors, emit, finish
 
-NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.25,
-         "tolerance_abs": {"bytes_per_token_bytes": 64.0}}
-
-
 @task(
     default=True,
     iterable=["corpus"],
@@ -73,7 +69,7 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
                   "prompts_file": prompts_file, "per_source": int(per_source), "device": device,
                   "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, **cfg.__dict__}
         doc.update(finish(kind="datagen", record=record, compare=compare, config=config, metrics=metrics,
-                          noise=NOISE, summary=f"{metrics['bytes_per_token_bytes']} bytes/token on disk "
+                          noise=dg.NOISE, summary=f"{metrics['bytes_per_token_bytes']} bytes/token on disk "
                           f"({metrics['hidden_state_bytes_per_token_bytes']} of them hidden states), "
                           f"{metrics['tokens_count']} tokens"))
     text = dg.render_text(manifest, out)

@@ -6,9 +6,6 @@ from invoke import task
 
 from runbooks._common import cli_errors, emit, finish
 
-NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
-
-
 @task(
     default=True,
     help={
@@ -82,7 +79,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
         doc = {"out": cfg.out, "step": report["step"], "val": report["val"], "mapping": report["mapping"],
                "notes": report["notes"], "throughput": report["throughput"]}
         doc.update(finish(kind="finetune", record=record, compare=compare, config=config,
-                          metrics=fields["metrics"], series=fields["series"], noise=NOISE,
+                          metrics=fields["metrics"], series=fields["series"], noise=training.NOISE,
                           summary=fields["summary"]))
     text = training.render_text(report)
     if "recorded" in doc:

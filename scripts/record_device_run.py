@@ -7,12 +7,8 @@ the provenance of the machine that ran it, not of this one:
     python scripts/record_device_run.py bench h200-smollm2-default-bf16 OUT/bench.json \\
         --command "python3 scripts/gpu_bench.py ..." --commit SHA --driver 580.159.04
 
-scripts/gpu_story.py writes finetune-ARM.json (a finetune result with its probe under "probe") and
-story.json (datagen per domain under "datagen.a" / "datagen.b"); --part picks a sub-document:
-
-    python scripts/record_device_run.py finetune NAME OUT/finetune-b-remap.json --command ... --commit SHA
-    python scripts/record_device_run.py probe NAME OUT/finetune-b-remap.json --part probe --command ... --commit SHA
-    python scripts/record_device_run.py datagen NAME OUT/story.json --part datagen.b --command ... --commit SHA
+A story run (`invoke story.run`) is recorded with `invoke story.record`; --part picks a sub-document
+of other JSON files (probe, datagen.a).
 """
 
 from __future__ import annotations
@@ -25,22 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from eaglekb import __version__, baselines  # noqa: E402
+from eaglekb import baselines  # noqa: E402
 from eaglekb.baselines import flatten  # noqa: E402
-
-
-def provenance(env: dict, command: str, commit: str, driver: str | None, cpus: int | None) -> dict:
-    return {
-        "command": command,
-        "git_commit": commit,
-        "git_dirty": False,
-        "host": {"hostname": env.get("host"), "os": None, "machine": "x86_64", "cpu": None, "cpu_count": cpus,
-                 "gpus": [{"name": env.get("gpu")}] if env.get("gpu") else [], "gpu_driver": driver,
-                 "cuda": env.get("cuda")},
-        "versions": {"python": env.get("python"), "torch": env.get("torch"), "transformers": env.get("transformers"),
-                     "eaglekb": __version__, "sglang": None},
-        "env": {},
-    }
+from eaglekb.provenance import from_device_env  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -73,14 +56,13 @@ def main(argv=None) -> None:
 
         noise = probe_noise(metrics)
     elif args.kind == "finetune":  # as runbooks/finetune.py records
-        noise = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
+        from eaglekb.training import NOISE as noise
     else:  # datagen, as runbooks/datagen.py records
-        noise = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.25,
-                 "tolerance_abs": {"bytes_per_token_bytes": 64.0}}
+        from eaglekb.datagen import NOISE as noise
     config = dict(doc["config"], prompts_manifest=doc.get("prompts_manifest"), device_run_wall_s=doc.get("wall_s"))
     b = baselines.build(kind=args.kind, name=args.name, config=config, metrics=metrics, noise=noise,
                         summary=doc.get("summary"), series=doc.get("series") or None, created_at=env.get("time"),
-                        provenance=provenance(env, args.command, args.commit, args.driver, args.cpus), root=ROOT)
+                        provenance=from_device_env(env, args.command, args.commit, args.driver, args.cpus), root=ROOT)
     if args.dry_run:
         print(f"valid {args.kind}/{args.name} ({len(paths)} metrics); not written (--dry-run)")
         return

@@ -41,6 +41,9 @@ from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, 
 
 FORMAT = "eaglekb-eagle3-data"
 FORMAT_VERSION = 1
+#: Noise of a recorded datagen run: throughput within 25%, bytes per token within 64 bytes.
+NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.25,
+         "tolerance_abs": {"bytes_per_token_bytes": 64.0}}
 MANIFEST = "manifest.json"
 HEAD_FILE = "target_head.safetensors"
 RESPONSES = "responses.jsonl"

@@ -121,3 +121,27 @@ def capture(command: str | None = None, root: Path | None = None) -> dict[str, A
         "versions": package_versions(),
         "env": selected_env(),
     }
+
+
+def from_device_env(env: dict[str, Any], command: str, commit: str | None, driver: str | None = None,
+                    cpus: int | None = None) -> dict[str, Any]:
+    """Provenance of a run made on another machine, from the small ``env`` its JSON carries.
+
+    The device machine has no git checkout (so the commit is given) and may lack packages we would
+    otherwise ask for; a fuller capture taken there (``capture()``'s shape) is used as is instead.
+    """
+    if "host" in env and isinstance(env["host"], dict):  # a full capture() made on that machine
+        return {**env, "command": command, "git_commit": commit, "git_dirty": False}
+    from eaglekb import __version__
+
+    return {
+        "command": command,
+        "git_commit": commit,
+        "git_dirty": False,
+        "host": {"hostname": env.get("host"), "os": None, "machine": "x86_64", "cpu": None, "cpu_count": cpus,
+                 "gpus": [{"name": env.get("gpu")}] if env.get("gpu") else [], "gpu_driver": driver,
+                 "cuda": env.get("cuda")},
+        "versions": {"python": env.get("python"), "torch": env.get("torch"), "transformers": env.get("transformers"),
+                     "eaglekb": __version__, "sglang": None},
+        "env": {},
+    }

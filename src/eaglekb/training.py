@@ -52,6 +52,8 @@ from torch.nn import functional as F
 from eaglekb.errors import BadInput, Incompatible, IntegrityError, SchemaError
 
 POSITIONS = ("runtime", "specforge")
+#: Noise of a recorded training run: one run, 30% (GPU kernels and data order move losses and accuracies).
+NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
 STATE_DIR = "trainer"
 STATE_TENSORS = "state.safetensors"
 STATE_JSON = "state.json"

@@ -1,0 +1,103 @@
+"""`invoke story.*`: the investigation's Phase 0 / Phase 1 story on a small target, measured and recorded."""
+
+from __future__ import annotations
+
+from invoke import task
+
+from runbooks._common import cli_errors, command_line, emit, parse_int
+
+
+@task(help={
+    "out": "prompts file to write (.jsonl; a .manifest.json goes beside it)",
+    "a_per_source": "domain A: prompts from each of wiki and chitchat (default 1152)",
+    "b_per_source": "domain B: prompts from each of gsm8k and gpqa (train splits hold 1,119 and 188)",
+    "max_prompt_chars": "drop training prompts longer than this (default 1500)",
+    "eval_count": "gsm8k-eval prompts kept for the online probes (default 16)",
+    "seed": "shuffle seed",
+    "json": "print one JSON document as the last line",
+})
+def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source=1200, max_prompt_chars=1500,
+            eval_count=16, seed=0, json=False):
+    """Write the A (wiki + chitchat), B (gsm8k + gpqa) and eval prompts of a story run, disjoint by text."""
+    with cli_errors():
+        from eaglekb import story as lib
+
+        doc = lib.write_prompts(out, a_per_source=parse_int(a_per_source, "--a-per-source"),
+                                b_per_source=parse_int(b_per_source, "--b-per-source"),
+                                max_prompt_chars=parse_int(max_prompt_chars, "--max-prompt-chars"),
+                                eval_count=parse_int(eval_count, "--eval-count"), seed=parse_int(seed, "--seed"))
+    emit(doc, f"wrote {doc['A']} A + {doc['B']} B + {doc['eval']} eval prompts to {doc['file']} "
+              f"({doc['bytes']} bytes)", json)
+
+
+@task(help={
+    "model": "target transformers folder (e.g. the smollm2-135m cache folder) or an embedded name",
+    "prompts": "prompts file from story.prompts",
+    "out": "output folder: story.json and drafters.tar.partNN (default $OUT, else .eaglekb/story/out)",
+    "work": "datasets, mappings and checkpoints (GBs; default /tmp/eaglekb-story)",
+    "tiny": "CPU, tiny random Llama, tiny budgets: checks the plumbing in seconds, numbers mean nothing",
+    "device": "auto (CUDA when present) or cpu",
+    "threads": "torch CPU threads (0: torch's choice)",
+    "b_small": "also run the three Phase 1 arms on the first N B sequences, same steps (0: off)",
+    "soft_limit_s": "past this many seconds, skip the remaining probes and small-budget arms",
+    "no_export": "do not write the drafters into the output folder",
+    "json": "print one JSON document (the story's verdicts and stage times) as the last line",
+})
+def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=False, device="auto", threads=0,
+        b_small=256, soft_limit_s=480, no_export=False, json=False):
+    """Datagen A and B, mappings, drafter A, three Phase 1 arms at equal budgets, probes, verdicts."""
+    import os
+
+    with cli_errors():
+        from eaglekb import sources
+        from eaglekb import story as lib
+
+        cfg = lib.StoryConfig(model=sources.resolve(model) if model and not tiny else model, prompts=prompts,
+                              work=work, tiny=bool(tiny), device=device, threads=parse_int(threads, "--threads"),
+                              b_small=parse_int(b_small, "--b-small"), soft_limit_s=float(soft_limit_s),
+                              export_drafters=not no_export)
+        out = out or os.environ.get("OUT") or ".eaglekb/story/out"
+        doc = lib.run(cfg, out, command=command_line(), log=None if json else print)
+    emit({k: doc.get(k) for k in ("arms", "verdicts", "verdict_basis", "stages", "skipped", "complete")}, None, json)
+
+
+@task(help={
+    "run_dir": "a story.run output folder (story.json, drafters.tar.partNN)",
+    "prefix": "baseline name prefix, e.g. story-h200 (names: PREFIX-a, PREFIX-b-remap, PREFIX-verdicts ...)",
+    "commit": "the git commit the run was made at (the device machine has no git checkout)",
+    "command": "the exact command of the run (default: the one story.json recorded)",
+    "drafters": "also unpack the exported drafters here, hashes checked (e.g. .eaglekb/story/drafters)",
+    "check": "compare with the recorded baselines of the same names instead of writing",
+    "dry_run": "build and schema-check the baselines, write nothing",
+    "json": "print one JSON document as the last line",
+})
+def record(c, run_dir, prefix, commit=None, command=None, drafters=None, check=False, dry_run=False, json=False):
+    """Record a story run's results as baselines (datagen, vocab, finetune, probe, plan)."""
+    with cli_errors():
+        from eaglekb import baselines
+        from eaglekb import story as lib
+
+        doc = lib.load(run_dir)
+        made = lib.baselines_from_run(run_dir, prefix=prefix, commit=commit,
+                                      command=command or (doc.get("provenance") or {}).get("command")
+                                      or "invoke story.run")
+        lines, result = [], {"baselines": [b.id for b in made]}
+        if check:
+            result["comparisons"] = {}
+            for b in made:
+                if not baselines.exists(b.id):
+                    lines.append(f"{b.id}: not recorded")
+                    continue
+                cmp = baselines.compare(b, baselines.load_id(b.id))
+                result["comparisons"][b.id] = cmp.model_dump()
+                lines.append(f"{b.id}: {cmp.text()}")
+        elif dry_run:
+            lines += [f"valid {b.id}; not written (--dry-run)" for b in made]
+        else:
+            for b in made:
+                lines.append(f"recorded {b.id} -> {baselines.write(b)}")
+        if drafters:
+            got = lib.unpack_drafters(run_dir, drafters)
+            result["drafters"] = {k: str(v) for k, v in got.items()}
+            lines += [f"drafter {k} -> {v} (hashes match the run)" for k, v in got.items()]
+    emit(result, "\n".join(lines), json)

@@ -1,0 +1,103 @@
+"""`invoke story.*` end to end on CPU (tiny random Llama, tiny budgets), and the story's error paths."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eaglekb import story
+from eaglekb.errors import BadInput, IntegrityError, MissingFile
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ["a-scratch", "b-noremap", "b-remap", "b-scratch"]
+
+
+def _invoke(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "invoke", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("story")
+    out, work = base / "out", base / "work"
+    proc = _invoke("story.run", "--tiny", "--threads", "1", "--work", str(work), "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_tiny_story_runs_every_arm_at_equal_budgets(tiny_run):
+    files = sorted(p.name for p in tiny_run.iterdir())
+    assert len(files) <= 8 and all((tiny_run / f).stat().st_size < 16 << 20 for f in files)
+    doc = json.loads((tiny_run / "story.json").read_text())
+    assert doc["complete"] and not doc["skipped"]
+    assert doc["provenance"]["command"].startswith("invoke story.run")
+    assert set(doc["verdicts"]) == set(ARMS)
+    runs = doc["runs"]
+    assert set(runs) == set(ARMS) | {"b-noremap-small", "b-remap-small", "b-scratch-small"}
+    # equal data and step budgets for the Phase 1 arms
+    assert len({runs[a]["metrics"]["run"]["optimizer_steps"] for a in ARMS[1:]}) == 1
+    assert len({runs[a]["config"]["data"] for a in ARMS[1:]}) == 1
+    assert "no-remap" in runs["b-noremap"]["config"]["mapping_report"]["remap"]
+    assert isinstance(runs["b-remap"]["config"]["mapping_report"]["remap"], dict)
+    assert runs["b-scratch"]["config"]["init"] is None
+    for a in ARMS:
+        m = runs[a]["metrics"]
+        assert "first_step_loss" in m["start"] and {"acc", "full_acc", "cond_acc"} <= set(m["val"])
+        assert runs[a]["series"]["train_loss"]["points"]["1"] == m["start"]["first_step_loss"]
+        on = runs[a]["probe"]["metrics"]["online"]
+        assert on["accept_len"] >= 1.0 and on["cycle_ms"] > 0 and runs[a]["probe"]["metrics"]["breakeven_len"] > 0
+    assert set(doc["drafters_export"]["drafters"]) == set(ARMS)
+
+
+def test_record_builds_every_baseline_and_unpacks_drafters(tiny_run, tmp_path):
+    proc = _invoke("story.record", str(tiny_run), "tiny", "--commit", "0" * 40, "--dry-run",
+                   "--drafters", str(tmp_path / "drafters"), "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    ids = set(res["baselines"])
+    assert {"datagen/tiny-a", "datagen/tiny-b", "vocab/tiny-mapping-a-vs-b", "plan/tiny-verdicts"} <= ids
+    assert {f"finetune/tiny-{a}" for a in ARMS} | {f"probe/tiny-{a}" for a in ARMS} <= ids
+    assert not (ROOT / "baselines" / "finetune" / "tiny-a-scratch.json").exists()  # dry run wrote nothing
+    for a in ARMS:
+        assert (tmp_path / "drafters" / a / "model.safetensors").is_file()
+    b = {x.id: x for x in story.baselines_from_run(tiny_run, prefix="tiny", command="c", commit="0" * 40)}
+    plan = b["plan/tiny-verdicts"]
+    assert plan.provenance.git_commit == "0" * 40 and plan.provenance.command == "c"
+    assert set(plan.metrics) == {a.replace("-", "_") for a in ARMS}
+
+
+def test_unpack_refuses_corrupt_or_missing_pieces(tiny_run, tmp_path):
+    copy = tmp_path / "out"
+    copy.mkdir()
+    for p in tiny_run.iterdir():
+        (copy / p.name).write_bytes(p.read_bytes())
+    part = copy / "drafters.tar.part00"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="corrupt"):
+        story.unpack_drafters(copy, tmp_path / "d")
+    assert not (tmp_path / "d").exists()
+    part.unlink()
+    with pytest.raises(MissingFile, match="missing"):
+        story.unpack_drafters(copy, tmp_path / "d")
+
+
+def test_bad_prompts_file_is_one_clear_error(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"set": "A", "id": "x:1", "messages": [{"role": "user", "content": "hi"}]}\nnot json\n')
+    with pytest.raises(BadInput) as e:
+        story.read_prompts(f)
+    assert f"{f}:2" in e.value.line()
+    f.write_text('{"set": "A", "id": "x:1", "messages": [{"role": "user", "content": "hi"}]}\n')
+    with pytest.raises(BadInput, match="empty"):
+        story.read_prompts(f)
+    with pytest.raises(MissingFile):
+        story.load(tmp_path)
+    proc = _invoke("story.record", str(tmp_path), "x", "--dry-run")
+    assert proc.returncode != 0 and proc.stderr.strip().startswith("error:") and len(proc.stderr.splitlines()) == 1
