@@ -67,11 +67,13 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
     "commit": "the git commit the run was made at (the device machine has no git checkout)",
     "command": "the exact command of the run (default: the one story.json recorded)",
     "drafters": "also unpack the exported drafters here, hashes checked (e.g. .eaglekb/story/drafters)",
+    "pieces": "folder of drafters.tar.partNN + drafters-export.json from story.export (default: RUN_DIR)",
     "check": "compare with the recorded baselines of the same names instead of writing",
     "dry_run": "build and schema-check the baselines, write nothing",
     "json": "print one JSON document as the last line",
 })
-def record(c, run_dir, prefix, commit=None, command=None, drafters=None, check=False, dry_run=False, json=False):
+def record(c, run_dir, prefix, commit=None, command=None, drafters=None, pieces=None, check=False, dry_run=False,
+           json=False):
     """Record a story run's results as baselines (datagen, vocab, finetune, probe, plan)."""
     with cli_errors():
         from eaglekb import baselines
@@ -97,7 +99,26 @@ def record(c, run_dir, prefix, commit=None, command=None, drafters=None, check=F
             for b in made:
                 lines.append(f"recorded {b.id} -> {baselines.write(b)}")
         if drafters:
-            got = lib.unpack_drafters(run_dir, drafters)
+            got = lib.unpack_drafters(run_dir, drafters, pieces)
             result["drafters"] = {k: str(v) for k, v in got.items()}
             lines += [f"drafter {k} -> {v} (hashes match the run)" for k, v in got.items()]
     emit(result, "\n".join(lines), json)
+
+
+@task(help={
+    "work": "the run's work folder (holds run-NAME/drafter)",
+    "names": "comma-separated drafters to export, e.g. b-remap,a-scratch (what fits one transfer: 64 MiB)",
+    "out": "output folder (default $OUT)",
+    "json": "print one JSON document as the last line",
+})
+def export(c, names, work="/tmp/eaglekb-story", out=None, json=False):
+    """Export chosen drafters of a finished run in 16 MiB pieces, with a hash manifest (for story.record)."""
+    import os
+
+    with cli_errors():
+        from eaglekb import story as lib
+
+        out = out or os.environ.get("OUT") or ".eaglekb/story/export"
+        doc = lib.export_from_work(work, [n.strip() for n in str(names).split(",") if n.strip()], out)
+    emit(doc, f"exported {', '.join(doc['drafters'])}: {doc['bytes']} bytes in {len(doc['parts'])} pieces to {out}",
+         json)

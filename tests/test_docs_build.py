@@ -48,6 +48,13 @@ def test_findings_and_llms_outputs(site):
     assert index["findings"]["F02-chain-ceiling"]["evidence"] == ["plan/k25-investigation", "plan/k25-unbounded-reading"]
 
 
+def test_story_page_overlays_the_arms(site):
+    page = (site / "story/index.html").read_text()
+    assert page.count("data:image/svg+xml;base64,") >= 2  # train_loss and val_acc0 of the three Phase 1 arms
+    assert "story-h200-b-remap" in page and "{{" not in page
+    assert (site / "assets/story/h200-run1.log").is_file()
+
+
 def test_notebook_executes(site):
     assert "recomputed break-even matches" in (site / "notebooks/viability/index.html").read_text()
 
@@ -70,6 +77,9 @@ def _broken(tmp_path, edit):
         (lambda r: (r / "docs/index.md").write_text("{{ metric plan/k25-investigation no_such_ms }}\n"),
          "no_such_ms"),
         (lambda r: (r / "docs/index.md").write_text("{{ frobnicate }}\n"), "unknown placeholder"),
+        (lambda r: (r / "docs/index.md").write_text(
+            "{{ overlay no_such_series finetune/story-h200-b-remap finetune/story-h200-b-scratch }}\n"),
+         "no_such_series"),
         (lambda r: (r / "baselines/plan/k25-phase0-verdict.json").unlink(), "plan/k25-phase0-verdict"),
         (lambda r: (r / "docs/findings/F08-unsynchronised-timing.md").write_text(
             (r / "docs/findings/F08-unsynchronised-timing.md").read_text().replace(

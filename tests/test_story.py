@@ -24,7 +24,7 @@ def _invoke(*args, cwd=ROOT):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("story")
-    out, work = base / "out", base / "work"
+    out, work = base / "out", base / "work"  # the export test reads work as tiny_run.parent / "work"
     proc = _invoke("story.run", "--tiny", "--threads", "1", "--work", str(work), "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -101,3 +101,19 @@ def test_bad_prompts_file_is_one_clear_error(tmp_path):
         story.load(tmp_path)
     proc = _invoke("story.record", str(tmp_path), "x", "--dry-run")
     assert proc.returncode != 0 and proc.stderr.strip().startswith("error:") and len(proc.stderr.splitlines()) == 1
+
+
+def test_export_after_the_run_is_checked_against_the_trained_hashes(tiny_run, tmp_path):
+    work = tiny_run.parent / "work"
+    proc = _invoke("story.export", "--work", str(work), "--names", "b-remap,a-scratch", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = story.unpack_drafters(tiny_run, tmp_path / "d", tmp_path / "x")
+    assert sorted(got) == ["a-scratch", "b-remap"]
+    # a drafter changed after training is refused: the export no longer matches what the run recorded
+    (work / "run-b-remap" / "drafter" / "config.json").write_text("{}")
+    story.export_from_work(work, ["b-remap"], tmp_path / "y")
+    with pytest.raises(IntegrityError, match="not the one the run trained"):
+        story.unpack_drafters(tiny_run, tmp_path / "e", tmp_path / "y")
+    assert not (tmp_path / "e").exists()
+    with pytest.raises(MissingFile, match="no such drafter"):
+        story.export_from_work(work, ["nope"], tmp_path / "z")

@@ -10,6 +10,7 @@ Placeholders (in any Markdown page):
   {{ cite KIND/NAME }}          a link to the baseline's page
   {{ table KIND/NAME }}         the baseline's metric table
   {{ plot KIND/NAME [SERIES] }} an SVG plot generated at build time
+  {{ overlay SERIES ID ID ... }} one series of several baselines in one SVG (inline)
   {{ finding ID }}              a link to a finding with its status
   {{ baselines_index }}         every baseline, linked
   {{ findings_index }}          every finding with status and evidence
@@ -20,6 +21,7 @@ Placeholders (in any Markdown page):
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import posixpath
@@ -79,7 +81,7 @@ def _plot_svg(baseline, series: str | None) -> str:
 
 def _default_plots(baseline) -> list[str | None]:
     plots: list[str | None] = list(baseline.series)
-    if baseline.kind == "plan":
+    if baseline.kind == "plan" and "breakeven_len" in baseline.metrics:  # one plan (not a table of verdicts)
         plots.insert(0, None)
     return plots
 
@@ -220,6 +222,13 @@ def _replace(match: re.Match, page) -> str:
         if key not in STATE["plots"]:
             raise EaglekbError("no such plot", where=where, expected="a plan baseline or one of its series", found=" ".join(args))
         return f"![{' '.join(args)}]({_link(uri, STATE['plots'][key])})"
+    if name == "overlay":
+        if len(args) < 3:
+            raise EaglekbError("placeholder takes a SERIES and at least two baseline ids", where=where,
+                               found=str(len(args)))
+        svg = render.overlay_svg([_baseline(a, where) for a in args[1:]], args[0])
+        data = base64.b64encode(svg.encode()).decode()
+        return f"![{args[0]}: {', '.join(args[1:])}](data:image/svg+xml;base64,{data})"
     if name == "finding":
         need(1)
         f = STATE["findings"].get(args[0])

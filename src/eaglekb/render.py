@@ -197,6 +197,28 @@ def series_svg(baseline: Baseline, name: str) -> str:
     return _svg(fig)
 
 
+def overlay_svg(baselines: list[Baseline], name: str) -> str:
+    """One series of several baselines on one set of axes (for example the arms of a comparison)."""
+    missing = [b.id for b in baselines if name not in b.series]
+    if missing:
+        raise DocsError("no such series", where=", ".join(missing), expected=name,
+                       found="series: " + ", ".join(sorted(baselines[0].series)))
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for b in baselines:
+        pts = b.series[name].points
+        xs = sorted(pts, key=lambda k: float(k))
+        ax.plot([float(x) for x in xs], [pts[x] for x in xs], marker="." if len(xs) < 40 else None,
+                linewidth=1.2, label=b.name)
+    first = baselines[0].series[name]
+    ax.set_xlabel(first.x)
+    ax.set_ylabel(f"{name} ({UNITS[first.unit][0]})")
+    ax.set_title(name)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _svg(fig)
+
+
 def viability_svg(baseline: Baseline, max_steps: int = 7) -> str:
     """Accept length against per-step acceptance for chains of 1..max_steps, with break-even
     and the plan's accept length: the finite-chain ceiling made visible."""
