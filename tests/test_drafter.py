@@ -218,6 +218,20 @@ def test_misspelt_tensor_refused_on_load(tmp_path):
         load_drafter(tmp_path)
 
 
+def test_t2d_that_disagrees_with_d2t_refused_on_load(tmp_path):
+    save_drafter(tiny_drafter(), tmp_path)
+
+    def edit(t):
+        t2d = t["t2d"].clone()
+        first = int(t2d.nonzero()[0])
+        t2d[first] = False  # the first selected target token is no longer marked
+        t["t2d"] = t2d
+    rewrite_tensors(tmp_path, edit)
+    with pytest.raises(BadInput, match="t2d does not match d2t") as e:
+        load_drafter(tmp_path)
+    assert str(tmp_path) in e.value.line()
+
+
 def test_truncated_safetensors_is_integrity_error(tmp_path):
     save_drafter(tiny_drafter(), tmp_path)
     f = tmp_path / "model.safetensors"

@@ -466,20 +466,15 @@ class Eagle3Drafter(nn.Module):
 # ----------------------------------------------------------------------------- mapping helpers
 
 
-def check_mapping(d2t: torch.Tensor, vocab_size: int, draft_vocab_size: int) -> torch.Tensor:
-    """Validate d2t and return the selected target ids (``i + d2t[i]``)."""
+def check_mapping(d2t: torch.Tensor, vocab_size: int, draft_vocab_size: int, t2d: torch.Tensor | None = None,
+                  where: str = "drafter") -> torch.Tensor:
+    """Validate d2t (and t2d, when the checkpoint has one) for this config; return ``i + d2t[i]``."""
+    from eaglekb import vocab
+
     if tuple(d2t.shape) != (draft_vocab_size,):
-        raise Incompatible("d2t length does not match draft_vocab_size", where="d2t",
+        raise Incompatible("d2t length does not match draft_vocab_size", where=f"{where}:d2t",
                            expected=str(draft_vocab_size), found=str(tuple(d2t.shape)))
-    selected = torch.arange(draft_vocab_size, dtype=torch.int64) + d2t.to(torch.int64)
-    if selected.numel() and (int(selected.min()) < 0 or int(selected.max()) >= vocab_size):
-        raise BadInput("d2t maps outside the target vocab", where="d2t",
-                       expected=f"i + d2t[i] in [0, {vocab_size - 1}]",
-                       found=f"[{int(selected.min())}, {int(selected.max())}]")
-    if selected.numel() > 1 and not bool((selected[1:] > selected[:-1]).all()):
-        raise BadInput("d2t is not sorted ascending (or repeats a token)", where="d2t",
-                       expected="i + d2t[i] strictly increasing", found="a repeat or a step back")
-    return selected
+    return vocab.check_mapping(d2t, t2d, vocab_size, where)
 
 
 def mapping_from_selected(selected_ids: Sequence[int], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -670,7 +665,7 @@ def load_drafter(path: str | Path, *, dtype: str | None = None, device: str = "c
         if tuple(tensors[k].shape) != shape:
             raise Incompatible("tensor shape does not match config", where=f"{path}:{k}",
                                expected=str(list(shape)), found=str(list(tensors[k].shape)))
-    check_mapping(tensors["d2t"], cfg.vocab_size, cfg.draft_vocab_size)
+    check_mapping(tensors["d2t"], cfg.vocab_size, cfg.draft_vocab_size, tensors.get("t2d"), str(path))
     model.load_state_dict({k: tensors[k] for k in expected}, strict=True, assign=True)
     if dtype is not None:
         model.to(getattr(torch, dtype))
