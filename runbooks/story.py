@@ -41,10 +41,11 @@ def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source
     "b_small": "also run the three Phase 1 arms on the first N B sequences, same steps (0: off)",
     "soft_limit_s": "past this many seconds, skip the remaining probes and small-budget arms",
     "no_export": "do not write the drafters into the output folder",
+    "export_max_mib": "room for exported drafters (default 60: one device call returns 64 MiB in all)",
     "json": "print one JSON document (the story's verdicts and stage times) as the last line",
 })
 def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=False, device="auto", threads=0,
-        b_small=256, soft_limit_s=480, no_export=False, json=False):
+        b_small=256, soft_limit_s=480, no_export=False, export_max_mib=60, json=False):
     """Datagen A and B, mappings, drafter A, three Phase 1 arms at equal budgets, probes, verdicts."""
     import os
 
@@ -55,7 +56,7 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
         cfg = lib.StoryConfig(model=sources.resolve(model) if model and not tiny else model, prompts=prompts,
                               work=work, tiny=bool(tiny), device=device, threads=parse_int(threads, "--threads"),
                               b_small=parse_int(b_small, "--b-small"), soft_limit_s=float(soft_limit_s),
-                              export_drafters=not no_export)
+                              export_drafters=not no_export, export_max_mib=float(export_max_mib))
         out = out or os.environ.get("OUT") or ".eaglekb/story/out"
         doc = lib.run(cfg, out, command=command_line(), log=None if json else print)
     emit({k: doc.get(k) for k in ("arms", "verdicts", "verdict_basis", "stages", "skipped", "complete")}, None, json)

@@ -129,3 +129,11 @@ def test_retrained_noise_loosens_acceptance_details_not_timings():
     assert n["tolerance_abs"]["val.acc.step0_pct"] == 2.0 and n["tolerance_abs"]["offline.acc_step1_frac"] == 0.1
     assert n["tolerance_abs"]["online.cycles_count"] == 110.0
     assert "online.cycle_ms" not in n["tolerance_abs"] and "online.accept_len" not in n["tolerance_abs"]
+
+
+def test_export_budget_keeps_the_most_useful_drafters_that_fit():
+    mib = 1 << 20
+    sizes = {"b-remap": 19 * mib, "a-scratch": 19 * mib, "b-noremap": 19 * mib, "b-scratch": 19 * mib}
+    assert story.fit_budget(sizes, 60 * mib) == ["b-remap", "a-scratch", "b-noremap"]
+    assert story.fit_budget(sizes, 10 * mib) == []
+    assert story.MAIN_RUNS[0] == "b-remap"
