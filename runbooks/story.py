@@ -58,7 +58,7 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
                               b_small=parse_int(b_small, "--b-small"), soft_limit_s=float(soft_limit_s),
                               export_drafters=not no_export, export_max_mib=float(export_max_mib))
         out = out or os.environ.get("OUT") or ".eaglekb/story/out"
-        doc = lib.run(cfg, out, command=command_line(), log=None if json else print)
+        doc = lib.run(cfg, out, command=command_line(), log=None if json else print, progress=not json)
     emit({k: doc.get(k) for k in ("arms", "verdicts", "verdict_basis", "stages", "skipped", "complete")}, None, json)
 
 

@@ -248,6 +248,7 @@ class _Story:
     def __init__(self, out: Path, cfg: StoryConfig, environment: dict, prov: dict, t0: float):
         self.path = out / STORY_FILE
         self.t0 = t0
+        self.bar = None  # a stage progress bar, when the caller wants one
         self.doc: dict[str, Any] = {
             "kind": "story", "config": dataclasses.asdict(cfg), "env": environment, "provenance": prov,
             "stages": {}, "datagen": {}, "mappings": {}, "runs": {}, "arms": {}, "verdicts": {}, "skipped": [],
@@ -256,6 +257,8 @@ class _Story:
     def stage(self, name: str, seconds: float) -> None:
         self.doc["stages"][f"{name}_s"] = round(seconds, 2)
         self.save()
+        if self.bar is not None:
+            self.bar.update(1)
 
     def save(self) -> None:
         self.doc["total_s"] = round(time.perf_counter() - self.t0, 2)
@@ -286,17 +289,24 @@ def subset_view(src: Path, dst: Path, shards: int) -> Path:
 
 
 def run(cfg: StoryConfig, out: str | Path, *, command: str | None = None,
-        log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The whole story on one machine; returns the story document also written to ``out/story.json``."""
-    import torch
+        log: Callable[[str], None] | None = None, progress: bool = False) -> dict[str, Any]:
+    """The whole story on one machine; returns the story document also written to ``out/story.json``.
 
-    from eaglekb import datagen, provenance, training, viability, vocab
+    ``log`` gets one timestamped line per event; ``progress`` adds a bar over the run's stages (log lines
+    then go through the bar's writer so they do not break it).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from eaglekb import datagen, provenance, training, vocab
 
     t_start = time.perf_counter()
+    bar = None
 
     def say(msg: str) -> None:
         if log:
-            log(f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - t_start:6.1f}s] {msg}")
+            line = f"[{time.strftime('%H:%M:%S')} +{time.perf_counter() - t_start:6.1f}s] {msg}"
+            tqdm.write(line) if bar is not None else log(line)
 
     if cfg.tiny:
         defaults = StoryConfig()
@@ -321,6 +331,9 @@ def run(cfg: StoryConfig, out: str | Path, *, command: str | None = None,
     dtype = "bfloat16" if gpu else "float32"
     environment = _env()
     story = _Story(out, cfg, environment, provenance.capture(command=command), t_start)
+    if progress:  # load, datagen x2, mappings, A and its probe, 3 arms + probes, small arms, export
+        bar = story.bar = tqdm(total=12 + (3 if cfg.b_small else 0) + (1 if cfg.export_drafters else 0),
+                               desc="story stages", unit="stage")
     say(f"torch {environment['torch']}, device {dev} ({environment['gpu']}); work {work}, out {out}")
     say(f"prompts: A {len(sets['A'])}, B {len(sets['B'])}, eval {len(sets['eval'])}")
     eval_file = work / "eval-prompts.jsonl"
@@ -535,6 +548,9 @@ def run(cfg: StoryConfig, out: str | Path, *, command: str | None = None,
         story.stage("export_drafters", time.perf_counter() - t0)
     story.doc["complete"] = True
     story.save()
+    if bar is not None:
+        bar.close()
+        bar = None
     sizes = {p.name: p.stat().st_size for p in out.iterdir()}
     say(f"done in {time.perf_counter() - t_start:.1f} s; {len(sizes)} files under {out}: {sizes}")
     return story.doc
