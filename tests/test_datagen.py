@@ -17,26 +17,14 @@ from fixtures_models import one_torch_thread  # noqa: E402,F401  (the fixture, u
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!'\n"
 
 
 def tiny_tokenizer():
     """A character-level fast tokenizer with ChatML specials (ids 0-2) and a chat template."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from eaglekb.story import tiny_chat_tokenizer
 
-    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-    for ch in CHARS:
-        vocab.setdefault(ch, len(vocab))
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
-    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>",
-                                   eos_token="<|im_end|>", pad_token="<|im_end|>")
-    fast.chat_template = CHATML
-    return fast
+    return tiny_chat_tokenizer(CHARS)
 
 
 def make_target(folder: Path, *, seed: int = 0, hidden: int = 32) -> Path:

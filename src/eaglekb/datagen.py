@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError, Unavailable
+from eaglekb.sources import sha256_files
 
 FORMAT = "eaglekb-eagle3-data"
 FORMAT_VERSION = 1
@@ -104,14 +105,6 @@ def read_shard_tensor(file: Path, name: str):
     except Exception as exc:  # noqa: BLE001 - safetensors raises several types on corrupt data
         raise IntegrityError("unreadable shard (truncated or corrupt)", where=str(file),
                              found=str(exc).splitlines()[0][:120]) from None
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def config_hash(doc: dict) -> str:
@@ -422,7 +415,7 @@ def write_shard(path: Path, tensors: dict, meta: dict) -> dict:
         "tokens": int(tensors["input_ids"].numel()),
         "loss_tokens": int(tensors["loss_mask"].sum()),
         "bytes": path.stat().st_size,
-        "sha256": _sha256_file(path),
+        "sha256": sha256_files([path]),
         **meta,
     }
 
@@ -717,7 +710,7 @@ def open_dataset(path: str | Path, *, verify: str = "size") -> Dataset:
         if size != entry["bytes"]:
             raise IntegrityError("shard size differs from the manifest (truncated or replaced)", where=str(file),
                                  expected=f"{entry['bytes']} bytes", found=f"{size} bytes")
-        if verify == "sha256" and _sha256_file(file) != entry["sha256"]:
+        if verify == "sha256" and sha256_files([file]) != entry["sha256"]:
             raise IntegrityError("shard hash differs from the manifest", where=str(file),
                                  expected=entry["sha256"][:16], found="another hash")
         off = read_shard_tensor(file, "offsets").tolist()

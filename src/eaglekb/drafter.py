@@ -99,10 +99,9 @@ class DrafterConfig:
 
     # -- SGLang / SpecForge config.json
 
-    def to_sglang_json(self) -> dict:
-        doc = dict(self.extra)
-        doc.update({
-            "architectures": [SGLANG_ARCH],
+    def _layer_json(self) -> dict:
+        """The one Llama decoder layer's fields, the same in both formats."""
+        return {
             "model_type": "llama",
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -111,14 +110,21 @@ class DrafterConfig:
             "head_dim": self.dim_head,
             "num_hidden_layers": 1,
             "vocab_size": self.vocab_size,
-            "draft_vocab_size": self.draft_vocab_size,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
             "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": self.hidden_act,
-            "torch_dtype": self.torch_dtype,
             "tie_word_embeddings": False,  # SGLang ties lm_head to embed_tokens when true
+        }
+
+    def to_sglang_json(self) -> dict:
+        doc = dict(self.extra)
+        doc.update(self._layer_json())
+        doc.update({
+            "architectures": [SGLANG_ARCH],
+            "draft_vocab_size": self.draft_vocab_size,
+            "rope_scaling": None,
+            "torch_dtype": self.torch_dtype,
             "target_hidden_size": self.target_hidden_size or self.hidden_size,
         })
         if self.aux_layer_ids is not None:
@@ -155,22 +161,7 @@ class DrafterConfig:
     # -- speculators config.json
 
     def to_speculators_json(self, *, verifier: str | None = None, speculative_tokens: int = 3) -> dict:
-        layer = {
-            "model_type": "llama",
-            "architectures": ["LlamaForCausalLM"],
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.dim_head,
-            "num_hidden_layers": 1,
-            "vocab_size": self.vocab_size,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position_embeddings,
-            "hidden_act": self.hidden_act,
-            "tie_word_embeddings": False,
-        }
+        layer = {**self._layer_json(), "architectures": ["LlamaForCausalLM"]}
         return {
             "architectures": [SPECULATORS_ARCH],
             "speculators_model_type": "eagle3",

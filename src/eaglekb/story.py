@@ -194,23 +194,31 @@ TINY_B = ("what is 12 + 7?", "a farmer has 3 cows and buys 4. how many?", "compu
 TINY_EVAL = ("what is 9 * 9?", "tom has 4 apples and eats 1. how many are left?", "what is 15 - 6?")
 
 
+def tiny_chat_tokenizer(chars: str = TINY_CHARS):
+    """A character-level fast tokenizer with ChatML specials (ids 0-2, then ``chars``) and a chat template."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+    for ch in chars:
+        vocab.setdefault(ch, len(vocab))
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
+    tk.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<|im_start|>",
+                                  eos_token="<|im_end|>", pad_token="<|im_end|>")
+    tok.chat_template = TINY_CHATML
+    return tok
+
+
 def make_tiny(work: Path) -> tuple[Path, Path]:
     """A tiny random Llama (char tokenizer, ChatML) and a prompts file: the whole pipeline on CPU."""
     import torch
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, LlamaConfig
 
     folder = work / "tiny-target"
     if not (folder / "config.json").is_file():
-        vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
-        for ch in TINY_CHARS:
-            vocab.setdefault(ch, len(vocab))
-        tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-        tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), "isolated")
-        tk.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-        tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", bos_token="<|im_start|>",
-                                      eos_token="<|im_end|>", pad_token="<|im_end|>")
-        tok.chat_template = TINY_CHATML
+        tok = tiny_chat_tokenizer()
         cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                           rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=63, pad_token_id=2,
@@ -573,20 +581,19 @@ def verdicts(rows: dict[str, dict], cycle_ms: float, baseline_tok_s: float, step
 # ----------------------------------------------------------------------------- drafters in 16 MiB pieces
 
 
+def _files(folder: Path) -> dict[str, Path]:
+    """The plain files under ``folder``, by relative POSIX path, sorted."""
+    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def _file_hashes(folder: Path) -> dict[str, str]:
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            out[p.relative_to(folder).as_posix()] = h.hexdigest()
-    return out
+    from eaglekb.sources import sha256_files
+
+    return {rel: sha256_files([p]) for rel, p in _files(folder).items()}
 
 
 def _folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return sum(p.stat().st_size for p in _files(folder).values())
 
 
 def fit_budget(sizes: dict[str, int], budget: int, overhead: int = 64 << 10) -> list[str]:
@@ -604,9 +611,8 @@ def export_drafters(folders: dict[str, Path], out: Path, part_bytes: int = PART_
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for name, folder in folders.items():
-            for p in sorted(folder.rglob("*")):
-                if p.is_file():
-                    tar.add(p, arcname=f"{name}/{p.relative_to(folder).as_posix()}", recursive=False)
+            for rel, p in _files(folder).items():
+                tar.add(p, arcname=f"{name}/{rel}", recursive=False)
     data = buf.getvalue()
     parts = []
     for i in range(0, len(data), part_bytes):
@@ -658,42 +664,44 @@ def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | 
         if trained is not None and trained != hashes:
             raise IntegrityError("exported drafter is not the one the run trained", where=name,
                                  expected="the file hashes recorded in story.json", found="different hashes")
-    run_dir = pieces
-    missing = [p for p in exp["parts"] if not (run_dir / p).is_file()]
+    missing = [p for p in exp["parts"] if not (pieces / p).is_file()]
     if missing:
-        raise MissingFile("drafter pieces missing", where=str(run_dir), expected=", ".join(exp["parts"]),
+        raise MissingFile("drafter pieces missing", where=str(pieces), expected=", ".join(exp["parts"]),
                           found=f"missing {', '.join(missing)}")
-    data = b"".join((run_dir / p).read_bytes() for p in exp["parts"])
-    if hashlib.sha256(data).hexdigest() != exp["sha256"]:
-        raise IntegrityError("drafter pieces corrupt", where=str(run_dir), expected=f"sha256 {exp['sha256']}",
-                             found=f"sha256 {hashlib.sha256(data).hexdigest()}")
+    data = b"".join((pieces / p).read_bytes() for p in exp["parts"])
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != exp["sha256"]:
+        raise IntegrityError("drafter pieces corrupt", where=str(pieces), expected=f"sha256 {exp['sha256']}",
+                             found=f"sha256 {digest}")
     staging = dest.parent / f".{dest.name}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        for m in tar.getmembers():  # plain files under NAME/ only: no links, no absolute or parent paths
-            parts = Path(m.name).parts
-            if not m.isfile() or m.name.startswith("/") or ".." in parts or parts[0] not in exp["drafters"]:
-                raise IntegrityError("unexpected entry in drafters tar", where=m.name,
-                                     expected="NAME/file of an exported drafter", found=m.name)
-            target = staging / m.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(m) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    for name, hashes in exp["drafters"].items():
-        if _file_hashes(staging / name) != hashes:
-            raise IntegrityError("extracted drafter differs from the exported one", where=name,
-                                 expected="the sha256 of each file in story.json", found="different hashes")
-    dest.mkdir(parents=True, exist_ok=True)
-    out = {}
-    for name in exp["drafters"]:
-        if (dest / name).exists():
-            shutil.rmtree(dest / name)
-        os.replace(staging / name, dest / name)
-        out[name] = dest / name
-    shutil.rmtree(staging)
-    return out
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            for m in tar.getmembers():  # plain files under NAME/ only: no links, no absolute or parent paths
+                parts = Path(m.name).parts
+                if not m.isfile() or m.name.startswith("/") or ".." in parts or parts[0] not in exp["drafters"]:
+                    raise IntegrityError("unexpected entry in drafters tar", where=m.name,
+                                         expected="NAME/file of an exported drafter", found=m.name)
+                target = staging / m.name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tar.extractfile(m) as src, open(target, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+        for name, hashes in exp["drafters"].items():
+            if _file_hashes(staging / name) != hashes:
+                raise IntegrityError("extracted drafter differs from the exported one", where=name,
+                                     expected="the sha256 of each file in story.json", found="different hashes")
+        dest.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for name in exp["drafters"]:
+            if (dest / name).exists():
+                shutil.rmtree(dest / name)
+            os.replace(staging / name, dest / name)
+            out[name] = dest / name
+        return out
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- recording
