@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 from invoke import Exit
 
-from eaglekb.errors import EaglekbError
+from eaglekb.io.errors import EaglekbError
 
 
 @contextlib.contextmanager
@@ -39,7 +39,7 @@ def emit(document: dict[str, Any], text: str | None, json_out: bool) -> None:
 
 def parse_floats(values: Any, option: str) -> list[float]:
     """Parse a repeatable numeric option (list or comma-separated string)."""
-    from eaglekb.errors import BadInput
+    from eaglekb.io.errors import BadInput
 
     if values is None:
         return []
@@ -62,7 +62,7 @@ def parse_floats(values: Any, option: str) -> list[float]:
 
 def parse_int(value: Any, option: str) -> int | None:
     """Parse a whole-number option given as text (None or empty: not given)."""
-    from eaglekb.errors import BadInput
+    from eaglekb.io.errors import BadInput
 
     if value in (None, ""):
         return None
@@ -96,7 +96,7 @@ def finish(
     baseline of the same kind whose config is identical. Returns what happened,
     for the task's JSON document.
     """
-    from eaglekb import baselines
+    from eaglekb.kb import baselines
 
     name = record or compare or "run"
     result = baselines.build(kind=kind, name=name, command=command_line(), **fields)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from invoke import Exit, task
 
-from eaglekb import baselines
+from eaglekb.kb import baselines
 from runbooks._common import cli_errors, emit
 
 
@@ -44,7 +44,7 @@ def schema(c, json=False):
             "markdown": "print Markdown for a pull-request comment instead of plain text"})
 def diff(c, rev_a=None, rev_b=None, threshold=None, json=False, fail_on="none", markdown=False):
     """What changed in baselines/ between two git revisions: metrics against their noise, config, environment."""
-    from eaglekb import baseline_diff
+    from eaglekb.kb import diff as baseline_diff
     from runbooks._common import parse_floats
 
     with cli_errors():

@@ -36,8 +36,8 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
           json=False, record=None, compare=None):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
-        from eaglekb import bench as lib
-        from eaglekb.runsetup import DEFAULT_DRAFTER
+        from eaglekb.measure import bench as lib
+        from eaglekb.measure.setup import DEFAULT_DRAFTER
 
         cfg = lib.BenchConfig(
             target=target, drafter=drafter or DEFAULT_DRAFTER, prompts=prompts,
@@ -71,8 +71,8 @@ def sglang(c, url="http://127.0.0.1:30000", prompts="gsm8k-eval", num_prompts=4,
            json=False, record=None, compare=None):
     """Benchmark a running SGLang server: tok/s and accept length from meta_info (single stream)."""
     with cli_errors():
-        from eaglekb import runsetup
-        from eaglekb.sglang_backend import SGLangClient
+        from eaglekb.measure import setup as runsetup
+        from eaglekb.measure.sglang import SGLangClient
 
         pset = runsetup.prompt_set(prompts, parse_int(num_prompts, "--num-prompts"))
         client = SGLangClient(url)

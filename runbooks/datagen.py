@@ -49,8 +49,8 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
 
             torch.set_num_threads(int(threads))
 
-        from eaglekb import datagen as dg
-        from eaglekb import sources
+        from eaglekb.data import datagen as dg
+        from eaglekb.models import sources
 
         path = sources.resolve(str(target))
         prompts = dg.prompt_set(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))

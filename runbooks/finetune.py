@@ -54,8 +54,8 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
 
             torch.set_num_threads(int(threads))
 
-        from eaglekb import training
-        from eaglekb.errors import BadInput
+        from eaglekb.training import loop as training
+        from eaglekb.io.errors import BadInput
 
         if not data:
             raise BadInput("missing option", where="--data", expected="a dataset folder from invoke datagen",

@@ -25,7 +25,8 @@ def inspect(c, path, against=None, target=None, json=False):
     when the two are incompatible).
     """
     with cli_errors():
-        from eaglekb import inspection, sources
+        from eaglekb.formats import inspect as inspection
+        from eaglekb.models import sources
 
         if against:
             report = inspection.compare_checkpoints(path, against)

@@ -22,7 +22,7 @@ from runbooks._common import cli_errors, emit, finish
 def prepare(c, name, install=True, force=False, json=False, record=None):
     """Verify the pinned GGUF (SHA-256) and convert it once to bf16 safetensors in the user cache."""
     with cli_errors():
-        from eaglekb import sources
+        from eaglekb.models import sources
 
         report = sources.prepare(name, install=install, force=force, progress=not json)
         report.update(finish(kind="models", record=record, **sources.prepare_result(report)))
@@ -38,6 +38,6 @@ def prepare(c, name, install=True, force=False, json=False, record=None):
 )
 def default_target(c, install=True, json=False):
     """Prepare the default target, smollm2-135m (same as `invoke models.prepare smollm2-135m`)."""
-    from eaglekb.sources import DEFAULT_TARGET
+    from eaglekb.models.sources import DEFAULT_TARGET
 
     prepare(c, DEFAULT_TARGET, install=install, json=json)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from invoke import task
 
-from eaglekb import viability
+from eaglekb.measure import viability
 from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int
 
 
@@ -29,7 +29,7 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
          topk=1, draft_tokens=None, json=False, record=None, compare=None):
     """Break-even accept length, spec tok/s and what each target throughput needs."""
     with cli_errors():
-        from eaglekb.errors import BadInput
+        from eaglekb.io.errors import BadInput
 
         for value, option in ((baseline_tps, "--baseline-tps"), (cycle_ms, "--cycle-ms")):
             if value is None:

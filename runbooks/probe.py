@@ -42,8 +42,8 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
           baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None):
     """Offline (teacher-forced) and online acceptance, exactness, and viable-or-not against break-even."""
     with cli_errors():
-        from eaglekb import probe as lib
-        from eaglekb.runsetup import DEFAULT_DRAFTER
+        from eaglekb.measure import probe as lib
+        from eaglekb.measure.setup import DEFAULT_DRAFTER
 
         cfg = lib.ProbeConfig(
             target=target, drafter=drafter or DEFAULT_DRAFTER, reference_drafter=reference_drafter,

@@ -32,14 +32,14 @@ def remap(c, drafter, mapping, out, init=None, target=None, source_counts=None, 
           record=None, compare=None):
     """New drafter: each kept token's lm_head row moved to its new position; new rows initialised."""
     with cli_errors():
-        from eaglekb import remap as R
-        from eaglekb import vocab
+        from eaglekb.training import remap as R
+        from eaglekb.data import vocab
 
         new_map = vocab.load_mapping(mapping)
         counts = vocab.load_counts(source_counts) if source_counts else None
         target_path = None
         if target:
-            from eaglekb import sources
+            from eaglekb.models import sources
 
             target_path = sources.resolve(target)
         report = R.remap_drafter(drafter, new_map, out, init=init, target=target_path, source_counts=counts,
@@ -80,7 +80,7 @@ def measure(c, mapping_a, mapping_b, target="smollm2-135m", eval_corpus=None, ev
             train_limit=300, fit_steps=600, out=None, json=False, record=None, compare=None):
     """Measured check: the remap keeps every kept token's prediction; compare inits on held-out data."""
     with cli_errors():
-        from eaglekb import remap as M
+        from eaglekb.training import remap as M
 
         result = M.measure(mapping_a, mapping_b, target=target, eval_corpora=eval_corpus or ["gsm8k-eval"],
                            eval_limit=int(eval_limit), train_corpora=train_corpus or ["wiki", "chitchat"],

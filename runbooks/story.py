@@ -20,7 +20,7 @@ def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source
             eval_count=16, seed=0, json=False):
     """Write the A (wiki + chitchat), B (gsm8k + gpqa) and eval prompts of a story run, disjoint by text."""
     with cli_errors():
-        from eaglekb import story as lib
+        from eaglekb.studies import story as lib
 
         doc = lib.write_prompts(out, a_per_source=parse_int(a_per_source, "--a-per-source"),
                                 b_per_source=parse_int(b_per_source, "--b-per-source"),
@@ -50,8 +50,8 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
     import os
 
     with cli_errors():
-        from eaglekb import sources
-        from eaglekb import story as lib
+        from eaglekb.models import sources
+        from eaglekb.studies import story as lib
 
         cfg = lib.StoryConfig(model=sources.resolve(model) if model and not tiny else model, prompts=prompts,
                               work=work, tiny=bool(tiny), device=device, threads=parse_int(threads, "--threads"),
@@ -77,8 +77,8 @@ def record(c, run_dir, prefix, commit=None, command=None, drafters=None, pieces=
            json=False):
     """Record a story run's results as baselines (datagen, vocab, finetune, probe, plan)."""
     with cli_errors():
-        from eaglekb import baselines
-        from eaglekb import story as lib
+        from eaglekb.kb import baselines
+        from eaglekb.studies import story as lib
 
         doc = lib.load(run_dir)
         made = lib.baselines_from_run(run_dir, prefix=prefix, commit=commit,
@@ -117,7 +117,7 @@ def export(c, names, work="/tmp/eaglekb-story", out=None, json=False):
     import os
 
     with cli_errors():
-        from eaglekb import story as lib
+        from eaglekb.studies import story as lib
 
         out = out or os.environ.get("OUT") or ".eaglekb/story/export"
         doc = lib.export_from_work(work, [n.strip() for n in str(names).split(",") if n.strip()], out)

@@ -30,8 +30,8 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
           target="smollm2-135m", seed=0, save_counts=None, json=False, record=None, compare=None):
     """Build a d2t/t2d mapping from token counts (SpecForge/speculators rule: top N, ties by id, sorted)."""
     with cli_errors():
-        from eaglekb import vocab
-        from eaglekb.errors import BadInput
+        from eaglekb.data import vocab
+        from eaglekb.io.errors import BadInput
 
         n = parse_int(draft_vocab_size, "--draft-vocab-size")
         given = [x for x in (counts, dataset, corpus) if x]
@@ -48,7 +48,8 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
         else:
             from transformers import AutoTokenizer
 
-            from eaglekb import corpora, sources
+            from eaglekb.data import corpora
+            from eaglekb.models import sources
 
             limit = parse_int(per_source, "--per-source") if per_source else 10**9
             prompts = corpora.mix(corpus, per_source=limit, seed=parse_int(seed, "--seed"))
@@ -88,7 +89,7 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
 def compare(c, a, b, counts=None, json=False, record=None, compare=None):
     """Position matches, set overlap, Jaccard, coverage, and why positions disagree."""
     with cli_errors():
-        from eaglekb import vocab
+        from eaglekb.data import vocab
 
         ma, mb = vocab.load_mapping(a), vocab.load_mapping(b)
         ref = vocab.load_counts(counts) if counts else None

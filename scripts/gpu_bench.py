@@ -41,8 +41,9 @@ def _env() -> dict:
 
 
 def main(argv=None) -> int:
-    from eaglekb import bench, probe
-    from eaglekb.errors import EaglekbError
+    from eaglekb.measure import bench
+    from eaglekb.measure import probe
+    from eaglekb.io.errors import EaglekbError
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True, help="model folder or random:CONFIG_DIR")

@@ -20,8 +20,8 @@ import transformers  # noqa: E402
 
 
 def main(model_dir: str) -> None:
-    from eaglekb import provenance
-    from eaglekb.target import Target
+    from eaglekb.measure import provenance
+    from eaglekb.models.target import Target
 
     out = {"host": provenance.host_state(), "versions": provenance.package_versions()}
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ def stash(chunks: list[str]) -> None:
 
 
 def assemble(name: str, chunks: list[str]) -> Path:
-    from eaglekb import sources
+    from eaglekb.models import sources
 
     stash(chunks)
     src = sources._source(name)

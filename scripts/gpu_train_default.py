@@ -65,7 +65,7 @@ def drafter_bytes(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: 
 
 
 def cmd_prompts(args) -> int:
-    from eaglekb import datagen
+    from eaglekb.data import datagen
 
     ps = datagen.prompt_set(args.corpus, per_source=args.per_source, seed=args.seed)
     out = Path(args.out)
@@ -79,7 +79,7 @@ def cmd_prompts(args) -> int:
 
 
 def read_prompts(path: Path):
-    from eaglekb.corpora import Prompt, PromptSet
+    from eaglekb.data.corpora import Prompt, PromptSet
 
     items = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -99,7 +99,9 @@ def read_prompts(path: Path):
 def cmd_train(args) -> int:
     import torch
 
-    from eaglekb import datagen, training, vocab
+    from eaglekb.data import datagen
+    from eaglekb.training import loop as training
+    from eaglekb.data import vocab
 
     t_all = time.perf_counter()
     out = Path(args.out)
@@ -196,9 +198,9 @@ def cmd_train(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from eaglekb import baselines
+    from eaglekb.kb import baselines
 
-    from eaglekb import training
+    from eaglekb.training import loop as training
 
     s = json.loads(Path(args.summary).read_text())
     report_path = Path(args.report) if args.report else Path(args.summary).parent / "run" / "metrics.json"

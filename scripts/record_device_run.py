@@ -21,9 +21,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from eaglekb import baselines  # noqa: E402
-from eaglekb.baselines import flatten  # noqa: E402
-from eaglekb.provenance import from_device_env  # noqa: E402
+from eaglekb.kb import baselines  # noqa: E402
+from eaglekb.kb.baselines import flatten  # noqa: E402
+from eaglekb.measure.provenance import from_device_env  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -52,13 +52,13 @@ def main(argv=None) -> None:
         noise = {"repeats": doc["config"]["repeats"], "spread_kind": "range",
                  "spread": {k: v for k, v in doc.get("spread", {}).items() if k in paths}, "tolerance_rel": 0.25}
     elif args.kind == "probe":
-        from eaglekb.probe import noise as probe_noise
+        from eaglekb.measure.probe import noise as probe_noise
 
         noise = probe_noise(metrics)
     elif args.kind == "finetune":  # as runbooks/finetune.py records
-        from eaglekb.training import NOISE as noise
+        from eaglekb.training.loop import NOISE as noise
     else:  # datagen, as runbooks/datagen.py records
-        from eaglekb.datagen import NOISE as noise
+        from eaglekb.data.datagen import NOISE as noise
     config = dict(doc["config"], prompts_manifest=doc.get("prompts_manifest"), device_run_wall_s=doc.get("wall_s"))
     b = baselines.build(kind=args.kind, name=args.name, config=config, metrics=metrics, noise=noise,
                         summary=doc.get("summary"), series=doc.get("series") or None, created_at=env.get("time"),

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from eaglekb import baselines  # noqa: E402
+from eaglekb.kb import baselines  # noqa: E402
 
 INVESTIGATION = "brief/investigation.md: the K2.5 EAGLE-3 investigation record"
 ECOSYSTEM = "brief/ecosystem.md: EAGLE-3 ecosystem facts"

@@ -40,7 +40,7 @@ def tiny_causal_lm(config, seed: int = 0):
 
 
 def tiny_drafter(config=None, *, selected=None, seed: int = 0, dtype: str = "float32"):
-    from eaglekb.drafter import build_drafter_for_target
+    from eaglekb.models.drafter import build_drafter_for_target
 
     config = config or tiny_llama_config()
     selected = list(range(0, 2 * DRAFT_VOCAB, 2)) if selected is None else selected
@@ -49,7 +49,7 @@ def tiny_drafter(config=None, *, selected=None, seed: int = 0, dtype: str = "flo
 
 
 def write_drafter(path: Path, *, selected=None, fmt: str = "sglang", seed: int = 0) -> Path:
-    from eaglekb.drafter import save_drafter
+    from eaglekb.models.drafter import save_drafter
 
     return save_drafter(tiny_drafter(selected=selected, seed=seed), path, format=fmt)
 

@@ -28,7 +28,7 @@ def test_library_imports_no_runner_or_docs_tool():
 
 
 def test_only_baselines_module_writes_baselines_folder():
-    """Other modules may read baselines/ but must go through eaglekb.baselines to write."""
+    """Other modules may read baselines/ but must go through eaglekb.kb.baselines to write."""
     writers = []
     for p in sorted(SRC.rglob("*.py")):
         if p.name == "baselines.py":

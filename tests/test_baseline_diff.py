@@ -1,4 +1,4 @@
-"""eaglekb.baseline_diff: baselines compared across git revisions, in a throwaway repo."""
+"""eaglekb.kb.diff: baselines compared across git revisions, in a throwaway repo."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb import baseline_diff as bd
-from eaglekb import baselines, provenance
-from eaglekb.errors import BadInput
+from eaglekb.kb import diff as bd
+from eaglekb.kb import baselines
+from eaglekb.measure import provenance
+from eaglekb.io.errors import BadInput
 
 REPO = Path(__file__).resolve().parents[1]
 NOISE = {"repeats": 3, "spread_kind": "range", "spread": {"spec_tok_s": 2.0}, "tolerance_rel": 0.02}

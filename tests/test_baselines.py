@@ -1,4 +1,4 @@
-"""eaglekb.baselines: schema, canonical format, atomic writes, comparison."""
+"""eaglekb.kb.baselines: schema, canonical format, atomic writes, comparison."""
 
 import json
 import multiprocessing
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb import baselines as bl
-from eaglekb.errors import BadInput, MissingFile, SchemaError
+from eaglekb.kb import baselines as bl
+from eaglekb.io.errors import BadInput, MissingFile, SchemaError
 
 NOISE = {"repeats": 3, "spread_kind": "range", "spread": {"spec_tok_s": 2.0}, "tolerance_rel": 0.05}
 

@@ -12,8 +12,8 @@ import pytest
 
 from test_probe import tiny_pair  # noqa: F401  (module-scoped fixture: tiny target + drafter folders)
 
-from eaglekb import bench
-from eaglekb.errors import BadInput
+from eaglekb.measure import bench
+from eaglekb.io.errors import BadInput
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_bench_run_on_tiny_target(tiny_pair):  # noqa: F811
     assert spec["vs_engine_x"] > 0 and "vs_hf_generate_x" in spec and spec["accept_len"] >= 1
     noise = bench.noise(r)
     assert noise["repeats"] == 2 and "engine.median_tok_s" in noise["spread"]
-    from eaglekb.baselines import build
+    from eaglekb.kb.baselines import build
     build(kind="bench", name="t", config=r.config, metrics=r.metrics, noise=noise)
     assert "tok/s" in bench.render_text(r)
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from eaglekb import corpora
-from eaglekb.errors import BadInput, MissingFile
+from eaglekb.data import corpora
+from eaglekb.io.errors import BadInput, MissingFile
 
 
 def test_sources_load_with_manifest():

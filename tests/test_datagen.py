@@ -1,4 +1,4 @@
-"""eaglekb.datagen: regeneration, features, shards, resume, the SGLang client path (CPU, tiny models)."""
+"""eaglekb.data.datagen: regeneration, features, shards, resume, the SGLang client path (CPU, tiny models)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglekb import datagen
-from eaglekb.corpora import Prompt, PromptSet
-from eaglekb.errors import Incompatible, IntegrityError, SchemaError, Unavailable
+from eaglekb.data import datagen
+from eaglekb.data.corpora import Prompt, PromptSet
+from eaglekb.io.errors import Incompatible, IntegrityError, SchemaError, Unavailable
 from fixtures_models import one_torch_thread  # noqa: E402,F401  (the fixture, used below)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -22,7 +22,7 @@ CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!'\n"
 
 def tiny_tokenizer():
     """A character-level fast tokenizer with ChatML specials (ids 0-2) and a chat template."""
-    from eaglekb.story import tiny_chat_tokenizer
+    from eaglekb.studies.story import tiny_chat_tokenizer
 
     return tiny_chat_tokenizer(CHARS)
 
@@ -47,7 +47,7 @@ def prompts(n: int = 6) -> PromptSet:
              "why is the sky blue?", "count to five.", "name a fruit.", "say hi."]
     items = [Prompt(id=f"t:{i}", source="t", messages=({"role": "user", "content": texts[i % len(texts)]},))
              for i in range(n)]
-    from eaglekb.corpora import prompts_hash
+    from eaglekb.data.corpora import prompts_hash
 
     return PromptSet("tiny", items, manifest={"source": "tiny", "count": n, "sha256": prompts_hash(items)})
 

@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_models import DRAFT_VOCAB, VOCAB, rewrite_config, rewrite_tensors, tiny_drafter, \
     tiny_llama_config  # noqa: E402
 
-from eaglekb.drafter import (REQUIRED_KEYS, DrafterConfig, KVCache, build_drafter_for_target,  # noqa: E402
+from eaglekb.models.drafter import (REQUIRED_KEYS, DrafterConfig, KVCache, build_drafter_for_target,  # noqa: E402
                              load_drafter, mapping_from_selected, read_tensors, save_drafter)
-from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError  # noqa: E402
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError  # noqa: E402
 
 
 def _inputs(d, b=2, t=6, seed=1):

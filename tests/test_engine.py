@@ -13,8 +13,8 @@ from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.kv import causal_rows, tree_rows
 from eaglekb.engine.model import TargetModel
-from eaglekb.errors import BadInput, Incompatible
-from eaglekb.target import default_capture_points
+from eaglekb.io.errors import BadInput, Incompatible
+from eaglekb.models.target import default_capture_points
 
 CONFIGS = {"llama": tiny_llama_config, "qwen2": tiny_qwen2_config}
 

@@ -13,8 +13,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_models import DRAFT_VOCAB, rewrite_config, rewrite_tensors, write_drafter  # noqa: E402
 
-from eaglekb.errors import IntegrityError, MissingFile, SchemaError  # noqa: E402
-from eaglekb.inspection import (compare_checkpoints, inspect_checkpoint, render_comparison,  # noqa: E402
+from eaglekb.io.errors import IntegrityError, MissingFile, SchemaError  # noqa: E402
+from eaglekb.formats.inspect import (compare_checkpoints, inspect_checkpoint, render_comparison,  # noqa: E402
                                 render_inspection)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,7 +230,7 @@ def test_compare_other_shape_difference_is_incompatible(tmp_path):
 
 
 def test_compare_reports_embed_tokens_presence(tmp_path):
-    from eaglekb.drafter import build_drafter_for_target, save_drafter
+    from eaglekb.models.drafter import build_drafter_for_target, save_drafter
     from fixtures_models import tiny_llama_config
 
     d = build_drafter_for_target(tiny_llama_config(), DRAFT_VOCAB, mapping=list(range(0, 80, 2)),

@@ -13,13 +13,13 @@ import torch
 
 from fixtures_models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config
 
-from eaglekb import probe
+from eaglekb.measure import probe
 from eaglekb.engine.draft import DraftModel
 from eaglekb.engine.generate import Engine
 from eaglekb.engine.kv import causal_rows
 from eaglekb.engine.model import TargetModel
-from eaglekb.errors import BadInput, Incompatible, MissingFile
-from eaglekb.target import default_capture_points
+from eaglekb.io.errors import BadInput, Incompatible, MissingFile
+from eaglekb.models.target import default_capture_points
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
@@ -50,7 +50,7 @@ def write_tiny_target(folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
-    from eaglekb.drafter import save_drafter
+    from eaglekb.models.drafter import save_drafter
 
     base = tmp_path_factory.mktemp("probe")
     target = write_tiny_target(base / "target")
@@ -111,14 +111,14 @@ def test_probe_run_on_tiny_target(tiny_pair):
     assert sum(on["accept_len_hist"].values()) == on["cycles_count"]
     assert r.verdict["vs_reference"] == "equal"
     assert isinstance(r.verdict["viable"], bool) and r.verdict["breakeven_len"] > 0
-    from eaglekb.baselines import build
+    from eaglekb.kb.baselines import build
     build(kind="probe", name="t", config=r.config, metrics=r.metrics, noise=probe.noise(r.metrics))
     text = probe.render_text(r)
     assert "verdict" in text and "offline" in text
 
 
 def test_probe_refuses_drafter_of_another_target(tiny_pair, tmp_path, monkeypatch):
-    from eaglekb.drafter import save_drafter
+    from eaglekb.models.drafter import save_drafter
 
     target, _ = tiny_pair
     other = save_drafter(tiny_drafter(tiny_llama_config(hidden_size=64)), tmp_path / "other")
@@ -163,10 +163,10 @@ def test_smollm2_speculative_equals_greedy(tmp_path):
     """The real default target in float32 with a random drafter and injected right drafts."""
     from test_engine import OracleDrafting
 
-    from eaglekb import runsetup
-    from eaglekb.drafter import build_drafter_for_target, save_drafter
+    from eaglekb.measure import setup as runsetup
+    from eaglekb.models.drafter import build_drafter_for_target, save_drafter
     from eaglekb.engine.generate import SpecConfig
-    from eaglekb.sources import model_dir, read_manifest
+    from eaglekb.models.sources import model_dir, read_manifest
 
     if read_manifest(model_dir("smollm2-135m")) is None:
         pytest.skip("smollm2-135m not prepared (invoke models.prepare smollm2-135m)")

@@ -8,8 +8,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from eaglekb.errors import BadInput, SchemaError, Unavailable
-from eaglekb.sglang_backend import LaunchConfig, SGLangClient, launch_command, parse_generate
+from eaglekb.io.errors import BadInput, SchemaError, Unavailable
+from eaglekb.measure.sglang import LaunchConfig, SGLangClient, launch_command, parse_generate
 
 
 def test_launch_command_has_eagle3_flags():

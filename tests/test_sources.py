@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb import sources
-from eaglekb.errors import BadInput, IntegrityError, MissingFile, Unavailable
+from eaglekb.models import sources
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, Unavailable
 
 
 def _fake_dist(site: Path, name: str, version: str, files: dict[str, bytes]) -> None:

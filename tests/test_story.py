@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb import story
-from eaglekb.errors import BadInput, IntegrityError, MissingFile
+from eaglekb.studies import story
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["a-scratch", "b-noremap", "b-remap", "b-scratch"]

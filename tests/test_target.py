@@ -11,8 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from fixtures_models import VOCAB, tiny_causal_lm, tiny_llama_config, tiny_qwen2_config  # noqa: E402
 
-from eaglekb.errors import BadInput  # noqa: E402
-from eaglekb.target import (Target, capture_points_to_config_ids, config_ids_to_capture_points,  # noqa: E402
+from eaglekb.io.errors import BadInput  # noqa: E402
+from eaglekb.models.target import (Target, capture_points_to_config_ids, config_ids_to_capture_points,  # noqa: E402
                             default_capture_points, default_config_ids)
 
 
@@ -95,7 +95,7 @@ def test_load_from_folder(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_hidden_states_real_model():
-    from eaglekb import sources
+    from eaglekb.models import sources
 
     path = sources.resolve("smollm2-135m", prepare_missing=True)
     target = Target.load(path)

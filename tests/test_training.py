@@ -1,4 +1,4 @@
-"""eaglekb.training: TTT alignment, overfit, resume, bad input, 2-process gloo DDP (CPU, tiny models)."""
+"""eaglekb.training.loop: TTT alignment, overfit, resume, bad input, 2-process gloo DDP (CPU, tiny models)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglekb import datagen, training
-from eaglekb.errors import BadInput, Incompatible, IntegrityError
+from eaglekb.data import datagen
+from eaglekb.training import loop as training
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError
 
 from test_datagen import make_target, prompts, small_cfg  # noqa: E402  (tests/ is on sys.path)
 from fixtures_models import one_torch_thread  # noqa: E402,F401  (the fixture, used below)
@@ -43,7 +44,7 @@ def test_ttt_step_k_equals_the_inference_forward_with_a_kv_cache():
     """Step k at anchor t = the drafter's cached forward after t+1 verified tokens and k drafted ones."""
     from fixtures_models import tiny_drafter
 
-    from eaglekb.drafter import KVCache
+    from eaglekb.models.drafter import KVCache
 
     torch.manual_seed(0)
     drafter = tiny_drafter().float()
@@ -116,7 +117,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(data, tmp_path):
     assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == ckpts
     # an init drafter for a target of another hidden size
     from fixtures_models import tiny_llama_config
-    from eaglekb.drafter import build_drafter_for_target, save_drafter
+    from eaglekb.models.drafter import build_drafter_for_target, save_drafter
 
     wide = build_drafter_for_target(tiny_llama_config(hidden_size=48), 40, aux_layer_ids=[1, 3, 4])
     save_drafter(wide, tmp_path / "wide")
@@ -156,7 +157,7 @@ def test_all_masked_and_corrupt_data_are_refused(data, tmp_path):
 
 
 def test_init_with_another_mapping_is_remapped_or_reproduces_the_failure(data, tmp_path):
-    from eaglekb.drafter import load_drafter
+    from eaglekb.models.drafter import load_drafter
 
     first = training.train(cfg_for(data, tmp_path / "a", steps=3), progress=False)
     assert first["mapping"]["source"].startswith("built from the data")
@@ -164,7 +165,7 @@ def test_init_with_another_mapping_is_remapped_or_reproduces_the_failure(data, t
     src = load_drafter(tmp_path / "a" / "drafter")
     d2t_data = src.d2t.clone()
     src.set_mapping(torch.zeros(40, dtype=torch.long))
-    from eaglekb.drafter import save_drafter
+    from eaglekb.models.drafter import save_drafter
 
     save_drafter(src, tmp_path / "other")
     rep = training.train(cfg_for(data, tmp_path / "b", steps=1, init=str(tmp_path / "other")), progress=False)
@@ -189,7 +190,7 @@ def _ddp_worker(rank: int, world: int, store: str, cfg_doc: dict) -> None:
 def test_two_process_gloo_ddp_agrees_with_one_process(data, tmp_path):
     import torch.multiprocessing as mp
 
-    from eaglekb.drafter import load_drafter
+    from eaglekb.models.drafter import load_drafter
 
     single = training.train(cfg_for(data, tmp_path / "one", steps=3), progress=False)
     cfg = cfg_for(data, tmp_path / "two", steps=3)
@@ -246,7 +247,7 @@ def test_training_on_cuda_matches_the_cpu_shapes(data, tmp_path):
 
 @pytest.mark.slow
 def test_real_smollm2_datagen_and_two_training_steps(tmp_path):
-    from eaglekb import sources
+    from eaglekb.models import sources
 
     folder = sources.model_dir("smollm2-135m")
     if not (folder / "config.json").is_file():

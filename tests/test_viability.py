@@ -5,8 +5,8 @@ import math
 import pytest
 from hypothesis import given, strategies as st
 
-from eaglekb import viability as v
-from eaglekb.errors import BadInput
+from eaglekb.measure import viability as v
+from eaglekb.io.errors import BadInput
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_bad_input_is_one_line(kwargs):
 
 
 def test_metrics_carry_units(k25):
-    from eaglekb.baselines import flatten, unit_of
+    from eaglekb.kb.baselines import flatten, unit_of
 
     for path in flatten(v.metrics(k25)):
         assert unit_of(path.rsplit(".", 1)[-1]), path

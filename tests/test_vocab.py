@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save, save_file
 
-from eaglekb import remap as R
-from eaglekb import vocab as V
-from eaglekb.errors import BadInput, EaglekbError, Incompatible, SchemaError
+from eaglekb.training import remap as R
+from eaglekb.data import vocab as V
+from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, SchemaError
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -219,7 +219,7 @@ def test_target_fit_recovers_a_linear_map():
 def _tiny_drafter(path, selected, seed=0):
     from fixtures_models import tiny_drafter
 
-    from eaglekb.drafter import save_drafter
+    from eaglekb.models.drafter import save_drafter
 
     return save_drafter(tiny_drafter(selected=selected, seed=seed), path)
 
@@ -229,7 +229,7 @@ def _save_map(path, ids, vocab=128):
 
 
 def test_remap_drafter_moves_rows_and_keeps_everything_else(tmp_path):
-    from eaglekb.drafter import load_drafter
+    from eaglekb.models.drafter import load_drafter
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     new_ids = list(range(1, 30)) + list(range(30, 80, 2))[:11]  # 40 tokens, half shared
@@ -260,7 +260,7 @@ def test_remap_to_a_smaller_vocab_changes_config_only_there(tmp_path):
 def test_remap_keeps_the_speculators_format(tmp_path):
     from fixtures_models import write_drafter
 
-    from eaglekb.drafter import load_drafter, read_config
+    from eaglekb.models.drafter import load_drafter, read_config
 
     src = write_drafter(tmp_path / "src", selected=list(range(0, 80, 2)), fmt="speculators")
     mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(1, 81, 2))))
@@ -289,7 +289,7 @@ def test_mapping_readers_agree(tmp_path):
 def test_counts_from_a_datagen_dataset(tmp_path):
     from test_datagen import make_target, prompts, small_cfg
 
-    from eaglekb import datagen
+    from eaglekb.data import datagen
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model on a shared CPU: one thread is faster
@@ -432,7 +432,7 @@ def test_cli_bad_mapping_is_one_line_and_writes_nothing(tmp_path):
 
 
 def _smollm2():
-    from eaglekb import sources
+    from eaglekb.models import sources
 
     try:
         return sources.resolve("smollm2-135m")
@@ -443,7 +443,7 @@ def _smollm2():
 def test_prompt_counting_skips_template_markers():
     from transformers import AutoTokenizer
 
-    from eaglekb.corpora import Prompt
+    from eaglekb.data.corpora import Prompt
 
     tok = AutoTokenizer.from_pretrained(str(_smollm2()))
     p = Prompt("x:1", "x", ({"role": "user", "content": "What is the capital of France?"},))
@@ -455,8 +455,8 @@ def test_prompt_counting_skips_template_markers():
 
 @pytest.mark.slow
 def test_real_remap_keeps_every_kept_prediction(tmp_path):
-    from eaglekb import corpora
-    from eaglekb.target import Target
+    from eaglekb.data import corpora
+    from eaglekb.models.target import Target
 
     path = _smollm2()
     target = Target.load(path)

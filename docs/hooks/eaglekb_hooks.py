@@ -38,8 +38,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("EAGLEKB_ROOT", str(ROOT))
 
-from eaglekb import __version__, baselines as bl, knowledge, render  # noqa: E402
-from eaglekb.errors import EaglekbError  # noqa: E402
+from eaglekb import __version__  # noqa: E402
+from eaglekb.kb import render  # noqa: E402
+from eaglekb.kb import baselines as bl
+from eaglekb.kb import knowledge
+from eaglekb.io.errors import EaglekbError  # noqa: E402
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)((?:\s+[^\s{}]+)*)\s*\}\}")
 STATE: dict = {}

@@ -6,8 +6,8 @@ tree drafting (``draft``), greedy and sampled verification (``verify``), the
 prefill -> draft -> verify -> accept loop (``generate``), timers (``timing``)
 and switchable CUDA-graph capture (``cuda_graphs``).
 
-Knows nothing about baselines, prompts sets or the task runner: ``eaglekb.probe``
-and ``eaglekb.bench`` drive it.
+Knows nothing about baselines, prompts sets or the task runner: ``eaglekb.measure.probe``
+and ``eaglekb.measure.bench`` drive it.
 """
 
 from eaglekb.engine.generate import Engine, GenResult, SpecConfig  # noqa: F401

@@ -1,7 +1,7 @@
 """The drafter at inference: its forward over a static KV cache, and chain/tree drafting.
 
 Owns: ``DraftModel`` (an EAGLE-3 drafter's weights, read from an
-``eaglekb.drafter.Eagle3Drafter``, run with explicit positions, cache slots and a
+``eaglekb.models.drafter.Eagle3Drafter``, run with explicit positions, cache slots and a
 mask, so that chain steps, tree frontiers and teacher-forced probing all use one
 forward), the compatibility check between a drafter and a target, and
 ``draft_tree`` (topk 1: a chain; topk > 1: EAGLE-2/SGLang-style tree, top-k per
@@ -26,11 +26,11 @@ from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV
 from eaglekb.engine.model import TargetModel, rms_norm
-from eaglekb.errors import Incompatible
+from eaglekb.io.errors import Incompatible
 
 
 def apply_rope_f32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding computed in float32 (as ``eaglekb.drafter`` does in training)."""
+    """Rotary embedding computed in float32 (as ``eaglekb.models.drafter`` does in training)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
@@ -38,7 +38,7 @@ def apply_rope_f32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tor
 
 def check_shapes(drafter, hidden: int, vocab: int, embed_dim: int | None = None) -> None:
     """Refuse a drafter built for another target: hidden size, vocab, mapping range."""
-    from eaglekb.drafter import check_mapping
+    from eaglekb.models.drafter import check_mapping
 
     cfg = drafter.config
     th = cfg.target_hidden_size or cfg.hidden_size

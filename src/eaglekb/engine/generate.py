@@ -29,7 +29,7 @@ from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
 from eaglekb.engine.kv import causal_rows, tree_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
-from eaglekb.errors import BadInput
+from eaglekb.io.errors import BadInput
 
 
 @dataclass

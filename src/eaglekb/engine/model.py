@@ -4,7 +4,7 @@ Owns: a Llama / Qwen2 decoder forward (RMSNorm, rotary embeddings, grouped-query
 attention, SwiGLU MLP; Qwen2's q/k/v biases) that writes K/V into a ``StaticKV``
 by slot and reads the cache through a boolean mask, returning logits and the
 auxiliary hidden states EAGLE-3 reads (the residual stream entering each capture
-layer, the convention of ``eaglekb.target``). Shapes depend only on the number of
+layer, the convention of ``eaglekb.models.target``). Shapes depend only on the number of
 query tokens and the mask width, so a step can be captured in a CUDA graph.
 
 Why not call the HF module: its cache API changes between transformers releases
@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV
-from eaglekb.errors import Incompatible
+from eaglekb.io.errors import Incompatible
 
 SUPPORTED = ("llama", "qwen2")
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Callable
 
-from eaglekb.errors import BadInput, IntegrityError, MissingFile
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 
 A_CORPORA = ("wiki", "chitchat")
 B_CORPORA = ("gsm8k", "gpqa")
@@ -120,7 +120,8 @@ def _env() -> dict[str, Any]:
 def write_prompts(out: str | Path, *, a_per_source: int = 1152, b_per_source: int = 1200,
                   max_prompt_chars: int = 1500, eval_count: int = 16, seed: int = 0) -> dict[str, Any]:
     """Write the A, B and eval prompts (one JSON line each, with its ``set``) and a manifest beside them."""
-    from eaglekb import corpora, datagen
+    from eaglekb.data import corpora
+    from eaglekb.data import datagen
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +150,7 @@ def write_prompts(out: str | Path, *, a_per_source: int = 1152, b_per_source: in
 
 def read_prompts(path: Path) -> dict:
     """{"A": PromptSet, "B": PromptSet, "eval": PromptSet} from a prompts file and its manifest."""
-    from eaglekb.corpora import Prompt, PromptSet, prompts_hash
+    from eaglekb.data.corpora import Prompt, PromptSet, prompts_hash
 
     if not path.is_file():
         raise MissingFile("no prompts file", where=str(path), expected="the file `invoke story.prompts` writes",
@@ -277,7 +278,7 @@ class _Story:
 
 def subset_view(src: Path, dst: Path, shards: int) -> Path:
     """A dataset folder holding only the first ``shards`` shards of ``src`` (links, no copies)."""
-    from eaglekb import datagen
+    from eaglekb.data import datagen
 
     man = json.loads((src / datagen.MANIFEST).read_text())
     keep = sorted(man["shards"])[:shards]
@@ -306,7 +307,10 @@ def run(cfg: StoryConfig, out: str | Path, *, command: str | None = None,
     import torch
     from tqdm.auto import tqdm
 
-    from eaglekb import datagen, provenance, training, vocab
+    from eaglekb.data import datagen
+    from eaglekb.measure import provenance
+    from eaglekb.training import loop as training
+    from eaglekb.data import vocab
 
     t_start = time.perf_counter()
     bar = None
@@ -450,7 +454,7 @@ def run(cfg: StoryConfig, out: str | Path, *, command: str | None = None,
         return doc
 
     def probe_doc(drafter: Path, label: str) -> dict | None:
-        from eaglekb import probe
+        from eaglekb.measure import probe
 
         if time.perf_counter() - t_start > cfg.soft_limit_s:
             story.doc["skipped"].append(f"probe {label}: past the soft limit")
@@ -566,7 +570,7 @@ def run(cfg: StoryConfig, out: str | Path, *, command: str | None = None,
 
 def verdicts(rows: dict[str, dict], cycle_ms: float, baseline_tok_s: float, steps: int) -> dict[str, dict]:
     """Each drafter's accept length against break-even at one cycle time and plain-decode rate."""
-    from eaglekb import viability
+    from eaglekb.measure import viability
 
     out = {}
     for k, r in rows.items():
@@ -587,7 +591,7 @@ def _files(folder: Path) -> dict[str, Path]:
 
 
 def _file_hashes(folder: Path) -> dict[str, str]:
-    from eaglekb.sources import sha256_files
+    from eaglekb.models.sources import sha256_files
 
     return {rel: sha256_files([p]) for rel, p in _files(folder).items()}
 
@@ -729,8 +733,11 @@ def baselines_from_run(run_dir: str | Path, *, prefix: str, command: str, commit
     ``PREFIX-a`` / ``PREFIX-b`` (datagen), ``PREFIX-mapping-a-vs-b`` (vocab), ``PREFIX-ARM`` (finetune, and probe
     for probed drafters) and ``PREFIX-verdicts`` (plan: every probed drafter at the median measured cycle).
     """
-    from eaglekb import baselines, datagen, probe, training
-    from eaglekb.provenance import from_device_env
+    from eaglekb.kb import baselines
+    from eaglekb.data import datagen
+    from eaglekb.measure import probe
+    from eaglekb.training import loop as training
+    from eaglekb.measure.provenance import from_device_env
 
     doc = load(run_dir)
     prov = from_device_env(doc.get("provenance") or doc["env"], command, commit)
@@ -788,7 +795,7 @@ def retrained_noise(base: dict, metrics: dict) -> dict:
     acceptance values get 5%, percentages 2 points, fractions 0.1 and counts 25% + 10; timing tolerances stay
     as ``base`` has them (a slower machine must show up as not reproduced).
     """
-    from eaglekb.baselines import flatten
+    from eaglekb.kb.baselines import flatten
 
     tol = dict(base.get("tolerance_abs", {}))
     for path, value in flatten(metrics).items():
@@ -805,7 +812,7 @@ def retrained_noise(base: dict, metrics: dict) -> dict:
 
 def _verdict_noise(metrics: dict) -> dict:
     """As a probe's: accept length within 2% (greedy), timing-derived values within 50%."""
-    from eaglekb.baselines import flatten
+    from eaglekb.kb.baselines import flatten
 
     tol = {p: abs(float(v)) * 0.5 + 1e-9 for p, v in flatten(metrics).items()
            if p.endswith(("breakeven_len", "_x"))}

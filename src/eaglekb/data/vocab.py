@@ -20,7 +20,7 @@ The build rule (checked against SpecForge ``specforge/data/preprocessing.py``
 3. when fewer than N tokens were seen, add the smallest unseen ids of ``0..N-1``;
 4. sort ascending; ``d2t[i] = selected[i] - i``; ``t2d`` marks the selected ids.
 
-Knows nothing about drafter weights (see ``eaglekb.remap``), training or the task runner.
+Knows nothing about drafter weights (see ``eaglekb.training.remap``), training or the task runner.
 Safetensors, ``weights_only`` torch loads and ``allow_pickle=False`` numpy loads only.
 """
 
@@ -34,7 +34,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
 
 COUNTS_FORMAT = "eaglekb-token-counts"
 MAPPING_FORMAT = "eaglekb-vocab-mapping"
@@ -154,10 +154,10 @@ def counts_from_prompts(prompts, tokenizer, *, roles: Iterable[str] = ("user",),
 def counts_from_dataset(path: str | Path, vocab_size: int | None = None) -> TokenCounts:
     """Counts over the loss-masked tokens of a datagen dataset folder (``invoke datagen``).
 
-    Reads the shards through ``eaglekb.datagen.open_dataset`` (manifest, shard sizes
+    Reads the shards through ``eaglekb.data.datagen.open_dataset`` (manifest, shard sizes
     checked); the target vocab size comes from the dataset's manifest.
     """
-    from eaglekb import datagen
+    from eaglekb.data import datagen
 
     ds = datagen.open_dataset(path)
     vocab = int(vocab_size or ds.target["vocab_size"])
@@ -386,7 +386,7 @@ def load_mapping(path: str | Path) -> Mapping:
 def _mapping_from_drafter(folder: Path) -> Mapping:
     from safetensors import safe_open
 
-    from eaglekb.drafter import read_config, weight_files
+    from eaglekb.models.drafter import read_config, weight_files
 
     cfg, fmt = read_config(folder)
     found: dict[str, torch.Tensor] = {}

@@ -4,7 +4,7 @@ Owns: resolving the target spec (``sources.resolve``) and loading it with
 transformers, loading a drafter folder and checking it fits the target (hidden
 size, vocab, mapping), choosing capture points from the drafter's config
 (SGLang convention: capture point = id + 1), turning a prompt spec (a named eval
-set from ``eaglekb.corpora``, a prompts file, or ``builtin``) into chat-formatted
+set from ``eaglekb.data.corpora``, a prompts file, or ``builtin``) into chat-formatted
 token ids, and sizing the engine's static cache. Plain functions: a GPU script
 calls them without the task runner.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglekb.errors import BadInput, MissingFile, Unavailable
+from eaglekb.io.errors import BadInput, MissingFile, Unavailable
 
 DEFAULT_DRAFTER = "drafters/smollm2-135m-default"
 DTYPES = ("float32", "bfloat16", "float16")
@@ -70,7 +70,7 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
     (draft vocab N, default min(vocab, 32000)): acceptance is meaningless, cycle
     times are real (for timing the engine before a trained drafter exists).
     """
-    from eaglekb.drafter import build_drafter_for_target, load_drafter
+    from eaglekb.models.drafter import build_drafter_for_target, load_drafter
 
     if str(path).startswith("random"):
         if target_config is None:
@@ -100,10 +100,10 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
     """Load the target (engine forward over its HF weights) and the drafter(s), checked against it."""
     import torch
 
-    from eaglekb import sources
+    from eaglekb.models import sources
     from eaglekb.engine.draft import DraftModel
     from eaglekb.engine.model import TargetModel
-    from eaglekb.target import config_ids_to_capture_points, default_capture_points
+    from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
     check_device(device)
     if dtype not in DTYPES:
@@ -165,7 +165,7 @@ class Prompts:
 
 def prompt_set(spec: str, num: int | None):
     """A prompt set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a file."""
-    from eaglekb import corpora
+    from eaglekb.data import corpora
 
     if num is not None and num < 1:
         raise BadInput("number of prompts must be positive", where="--num-prompts", expected=">= 1", found=str(num))

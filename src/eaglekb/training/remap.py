@@ -25,7 +25,7 @@ weaker head trained on another scale the raw target rows swamp the kept tokens (
 instead of 31%), while the scaled rows cost nothing in top-1 and about half a nat of
 loss against zeros. ``target-scaled`` is the best worst case.
 
-Knows nothing about counting tokens (``eaglekb.vocab``), training loops or the task runner.
+Knows nothing about counting tokens (``eaglekb.data.vocab``), training loops or the task runner.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any, Sequence
 import torch
 from torch.nn import functional as F
 
-from eaglekb import vocab as V
-from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
+from eaglekb.data import vocab as V
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
 
 INITS = ("target-scaled", "target-fit", "target", "mean", "zeros")
 TARGET_INITS = ("target-scaled", "target-fit", "target")
@@ -180,7 +180,7 @@ def read_target_head(model_path: str | Path) -> tuple[torch.Tensor, dict[str, An
 
 
 def _read_drafter(path: Path):
-    from eaglekb.drafter import read_config, read_tensors, to_sglang_names
+    from eaglekb.models.drafter import read_config, read_tensors, to_sglang_names
 
     cfg, fmt = read_config(path)
     raw = read_tensors(path)
@@ -211,7 +211,7 @@ def remap_drafter(drafter: str | Path, mapping: V.Mapping, out: str | Path, *, i
     """
     from safetensors.torch import save_file
 
-    from eaglekb.drafter import WEIGHTS_FILE, to_speculators_names
+    from eaglekb.models.drafter import WEIGHTS_FILE, to_speculators_names
 
     src_path, out = Path(drafter), Path(out)
     cfg, fmt, raw, tensors, src_map = _read_drafter(src_path)
@@ -394,7 +394,7 @@ def compare_inits(data: Features, src_head: torch.Tensor, src: V.Mapping, dst: V
 
 def check_files(src_drafter: str | Path, new_drafter: str | Path) -> dict[str, Any]:
     """Compare two drafter folders tensor by tensor: which are byte-identical, and the config diff."""
-    from eaglekb.drafter import read_tensors
+    from eaglekb.models.drafter import read_tensors
 
     a, b = read_tensors(src_drafter), read_tensors(new_drafter)
     same = sorted(k for k in a if k in b and a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
@@ -436,8 +436,9 @@ def measure(mapping_a: str | Path, mapping_b: str | Path, *, target: str = "smol
     """
     import time
 
-    from eaglekb import corpora, sources
-    from eaglekb.target import Target
+    from eaglekb.data import corpora
+    from eaglekb.models import sources
+    from eaglekb.models.target import Target
 
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -575,7 +576,7 @@ def content_features(target, prompts, *, max_tokens: int = 256, batch: int = 16,
 
 def _through_files(out: Path, tgt, a: V.Mapping, b: V.Mapping, head: torch.Tensor, target_path) -> dict[str, Any]:
     """Write the target-rows drafter for A, remap it to B through the files, and compare the folders."""
-    from eaglekb.drafter import build_drafter_for_target, save_drafter
+    from eaglekb.models.drafter import build_drafter_for_target, save_drafter
 
     drafter = build_drafter_for_target(tgt.model.config, a.draft_vocab_size, mapping=a.selected,
                                        torch_dtype="float32")

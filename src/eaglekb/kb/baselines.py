@@ -25,8 +25,8 @@ from typing import Any, Iterator, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eaglekb import provenance as _prov
-from eaglekb.errors import BadInput, MissingFile, SchemaError
+from eaglekb.measure import provenance as _prov
+from eaglekb.io.errors import BadInput, MissingFile, SchemaError
 
 SCHEMA_VERSION = 1
 

@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError, Unavailable
-from eaglekb.sources import sha256_files
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError, Unavailable
+from eaglekb.models.sources import sha256_files
 
 FORMAT = "eaglekb-eagle3-data"
 FORMAT_VERSION = 1
@@ -173,8 +173,8 @@ def conversation_ids(tokenizer, messages: Sequence[dict], response: str) -> tupl
 
 def load_target(path: str | Path, *, device: str = "cpu", dtype: str = "bfloat16",
                 device_map: str | None = None, capture_points: Sequence[int] | None = None):
-    """An ``eaglekb.target.Target``; ``device_map`` (e.g. "auto") spreads a large target over GPUs."""
-    from eaglekb.target import Target
+    """An ``eaglekb.models.target.Target``; ``device_map`` (e.g. "auto") spreads a large target over GPUs."""
+    from eaglekb.models.target import Target
 
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -765,7 +765,7 @@ def storage_report(manifest: dict) -> dict:
 def prompt_set(corpus: Sequence[str] | None = None, *, per_source: int = 20, prompts_file: str | None = None,
                seed: int = 0):
     """The training prompt set: a corpus mix (train splits) or a prompts file, checked against the eval sets."""
-    from eaglekb import corpora
+    from eaglekb.data import corpora
 
     if prompts_file:
         ps = corpora.read_prompts_file(prompts_file)

@@ -19,8 +19,8 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from eaglekb.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH, read_config_json
-from eaglekb.errors import IntegrityError, MissingFile
+from eaglekb.models.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH, read_config_json
+from eaglekb.io.errors import IntegrityError, MissingFile
 
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _KNOWN = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
@@ -472,8 +472,8 @@ def _mapping_overlap(sa, sb, vocab_a, vocab_b) -> dict:
         return {"available": False}
     import torch
 
-    from eaglekb import vocab as V
-    from eaglekb.errors import EaglekbError
+    from eaglekb.data import vocab as V
+    from eaglekb.io.errors import EaglekbError
 
     def mapping(selected, label):
         ids = torch.tensor(selected, dtype=torch.int64)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from eaglekb.errors import BadInput, IntegrityError, MissingFile, Unavailable
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, Unavailable
 
 MANIFEST = "eaglekb-manifest.json"
 DEFAULT_TARGET = "smollm2-135m"

@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 
-from eaglekb import runsetup, viability
+from eaglekb.measure import setup as runsetup
+from eaglekb.measure import viability
 from eaglekb.engine.draft import DraftModel
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.kv import causal_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
-from eaglekb.errors import BadInput
+from eaglekb.io.errors import BadInput
 
 
 @dataclass
@@ -350,7 +351,7 @@ def render_text(r: ProbeReport) -> str:
 def noise(metrics: dict) -> dict:
     """Acceptance is deterministic under greedy decoding (2%); timings, and break-even, which is
     baseline tok/s x cycle time, move with machine load (50%)."""
-    from eaglekb.baselines import flatten
+    from eaglekb.kb.baselines import flatten
 
     tol = {}
     for path, value in flatten(metrics).items():

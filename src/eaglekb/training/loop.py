@@ -29,8 +29,8 @@ engine's ``eaglekb.engine.draft`` contract):
   ``sum_k 0.8**k * ploss_k``. SpecForge masks by the anchor's own token (``t``) instead
   and divides by all positions including padding; see docs/howto/train.md.
 
-Knows nothing about generation (``eaglekb.datagen`` makes the data), vocab statistics
-beyond calling ``eaglekb.vocab``, or the task runner.
+Knows nothing about generation (``eaglekb.data.datagen`` makes the data), vocab statistics
+beyond calling ``eaglekb.data.vocab``, or the task runner.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from eaglekb.errors import BadInput, Incompatible, IntegrityError, SchemaError
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, SchemaError
 
 POSITIONS = ("runtime", "specforge")
 #: Noise of a recorded training run: one run, 30% (GPU kernels and data order move losses and accuracies).
@@ -370,7 +370,7 @@ def _device(name: str) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            from eaglekb.errors import Unavailable
+            from eaglekb.io.errors import Unavailable
 
             raise Unavailable("CUDA is not available", where=f"device={name}", fix="use --device cpu")
         if name == "cuda" and "LOCAL_RANK" in os.environ:
@@ -395,7 +395,7 @@ def _split(dataset, cfg: TrainConfig, loss_counts: list[int]) -> tuple[list[int]
 
 
 def _loss_counts(dataset, max_len: int) -> list[int]:
-    from eaglekb.datagen import read_shard_tensor
+    from eaglekb.data.datagen import read_shard_tensor
 
     out: list[int] = []
     for file, offs in zip(dataset.shard_files, dataset.offsets):
@@ -407,8 +407,8 @@ def _loss_counts(dataset, max_len: int) -> list[int]:
 
 
 def data_mapping(dataset, draft_vocab_size: int):
-    """The SpecForge-semantics mapping of the data's loss-masked tokens (``eaglekb.vocab``)."""
-    from eaglekb import vocab
+    """The SpecForge-semantics mapping of the data's loss-masked tokens (``eaglekb.data.vocab``)."""
+    from eaglekb.data import vocab
 
     v = dataset.target["vocab_size"]
     counts = torch.zeros(v, dtype=torch.int64)
@@ -419,11 +419,12 @@ def data_mapping(dataset, draft_vocab_size: int):
 
 
 def _remap(drafter, mapping, target_rows: torch.Tensor | None):
-    """The init drafter moved to ``mapping``: lm_head rows by target token id (``eaglekb.remap``)."""
+    """The init drafter moved to ``mapping``: lm_head rows by target token id (``eaglekb.training.remap``)."""
     import dataclasses
 
-    from eaglekb import remap, vocab
-    from eaglekb.drafter import Eagle3Drafter
+    from eaglekb.training import remap
+    from eaglekb.data import vocab
+    from eaglekb.models.drafter import Eagle3Drafter
 
     src = vocab.Mapping(d2t=drafter.d2t.detach().cpu().clone(), vocab_size=drafter.config.vocab_size)
     init = remap.DEFAULT_INIT if target_rows is not None else remap.FALLBACK_INIT
@@ -467,7 +468,7 @@ def _checkpoints(out: Path) -> list[Path]:
 def save_checkpoint(out: Path, step: int, drafter, opt, fingerprint: dict, history: dict, keep: int) -> Path:
     from safetensors.torch import save_file
 
-    from eaglekb.drafter import save_drafter
+    from eaglekb.models.drafter import save_drafter
 
     root = out / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -513,7 +514,7 @@ def load_checkpoint(path: Path, drafter, opt, fingerprint: dict) -> dict:
         raise IntegrityError("checkpoint state is not valid JSON", where=str(path / STATE_DIR / STATE_JSON),
                              found=str(exc)) from None
     if doc.get("fingerprint_hash") != _hash(fingerprint):
-        from eaglekb.datagen import first_difference
+        from eaglekb.data.datagen import first_difference
 
         where, old, new = first_difference(doc.get("fingerprint", {}), fingerprint)
         diff = f"{where}: {old!r} in the checkpoint, {new!r} now"
@@ -572,8 +573,9 @@ class Run:
 
 def prepare(cfg: TrainConfig) -> Run:
     """Open data, build or load the drafter, check everything; raises before writing anything."""
-    from eaglekb import datagen, vocab
-    from eaglekb.drafter import build_drafter_for_target, load_drafter
+    from eaglekb.data import datagen
+    from eaglekb.data import vocab
+    from eaglekb.models.drafter import build_drafter_for_target, load_drafter
 
     cfg.check()
     device = _device(cfg.device)
@@ -609,7 +611,7 @@ def prepare(cfg: TrainConfig) -> Run:
     else:
         size = cfg.draft_vocab_size
         if cfg.init:
-            from eaglekb.drafter import read_config
+            from eaglekb.models.drafter import read_config
 
             size = read_config(cfg.init)[0].draft_vocab_size
         mapping = data_mapping(ds, size)
@@ -709,7 +711,7 @@ def launch(cfg: TrainConfig, nproc: int, *, progress: bool = True) -> dict:
     import sys
     import tempfile
 
-    from eaglekb.errors import EaglekbError, Unavailable
+    from eaglekb.io.errors import EaglekbError, Unavailable
 
     cfg.check()
     with tempfile.TemporaryDirectory() as tmp:
@@ -831,7 +833,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Callable[[str], None]
     _barrier()
     report = _report(run, history, last_val, final_step, tokens_done, t_train, stopped, world)
     if rank == 0:
-        from eaglekb.drafter import save_drafter
+        from eaglekb.models.drafter import save_drafter
 
         if not stopped:
             save_drafter(drafter, out / "drafter")
@@ -944,10 +946,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch.distributed as dist
 
-    from eaglekb.errors import EaglekbError
+    from eaglekb.io.errors import EaglekbError
 
     ap = argparse.ArgumentParser(description="Train an EAGLE-3 drafter (TTT); one process per GPU under torchrun.")
-    ap.add_argument("--config", required=True, help="TrainConfig as JSON (see eaglekb.training.TrainConfig)")
+    ap.add_argument("--config", required=True, help="TrainConfig as JSON (see eaglekb.training.loop.TrainConfig)")
     ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in out")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
@@ -971,6 +973,3 @@ def main(argv: list[str] | None = None) -> int:
             dist.destroy_process_group()
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

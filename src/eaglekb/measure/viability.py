@@ -21,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from eaglekb.errors import BadInput
+from eaglekb.io.errors import BadInput
 
 
 def expected_accept_len(p: float, steps: int | None) -> float:

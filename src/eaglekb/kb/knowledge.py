@@ -15,8 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eaglekb.baselines import Baseline, flatten
-from eaglekb.errors import DocsError, SchemaError
+from eaglekb.kb.baselines import Baseline, flatten
+from eaglekb.io.errors import DocsError, SchemaError
 
 Status = Literal["open", "confirmed", "refuted", "superseded", "contested"]
 STATUSES: tuple[str, ...] = ("open", "confirmed", "refuted", "superseded", "contested")

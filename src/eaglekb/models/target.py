@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from eaglekb.errors import BadInput, Unavailable
+from eaglekb.io.errors import BadInput, Unavailable
 
 CONVENTIONS = ("sglang", "vllm")
 

@@ -37,7 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from eaglekb.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
@@ -460,7 +460,7 @@ class Eagle3Drafter(nn.Module):
 def check_mapping(d2t: torch.Tensor, vocab_size: int, draft_vocab_size: int, t2d: torch.Tensor | None = None,
                   where: str = "drafter") -> torch.Tensor:
     """Validate d2t (and t2d, when the checkpoint has one) for this config; return ``i + d2t[i]``."""
-    from eaglekb import vocab
+    from eaglekb.data import vocab
 
     if tuple(d2t.shape) != (draft_vocab_size,):
         raise Incompatible("d2t length does not match draft_vocab_size", where=f"{where}:d2t",
@@ -495,7 +495,7 @@ def build_drafter_for_target(
     ids ``0..draft_vocab_size-1``. ``aux_layer_ids`` default to SpecForge's
     ``[1, N//2-1, N-4]`` (SGLang convention).
     """
-    from eaglekb.target import default_config_ids
+    from eaglekb.models.target import default_config_ids
 
     tc = target_config
     get = (lambda k, d=None: tc.get(k, d)) if isinstance(tc, dict) else (lambda k, d=None: getattr(tc, k, d))

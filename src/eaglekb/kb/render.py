@@ -12,8 +12,8 @@ import io
 import math
 from typing import Any, Iterable
 
-from eaglekb.baselines import UNITS, Baseline, direction, flatten, unit_of
-from eaglekb.errors import DocsError
+from eaglekb.kb.baselines import UNITS, Baseline, direction, flatten, unit_of
+from eaglekb.io.errors import DocsError
 
 
 def fmt(value: float, unit: str | None = None) -> str:
@@ -222,7 +222,7 @@ def overlay_svg(baselines: list[Baseline], name: str) -> str:
 def viability_svg(baseline: Baseline, max_steps: int = 7) -> str:
     """Accept length against per-step acceptance for chains of 1..max_steps, with break-even
     and the plan's accept length: the finite-chain ceiling made visible."""
-    from eaglekb.viability import expected_accept_len
+    from eaglekb.measure.viability import expected_accept_len
 
     cfg = baseline.config
     breakeven = metric_value(baseline, "breakeven_len")

@@ -8,7 +8,7 @@ Owns: ``launch_command`` (``python -m sglang.launch_server`` with the EAGLE-3 fl
 ``meta_info`` (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``) and
 computes the accept length as ``completion_tokens / spec_verify_ct`` (bonus
 included, SGLang's definition), plus a small benchmark whose result has the same
-shape as ``eaglekb.bench`` (median tok/s, range over repeats).
+shape as ``eaglekb.measure.bench`` (median tok/s, range over repeats).
 
 Not run here: no SGLang build on our machines. The command builder and the
 response parsing are tested; the client's HTTP path is tested against a local stub
@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekb.errors import BadInput, SchemaError, Unavailable
+from eaglekb.io.errors import BadInput, SchemaError, Unavailable
 
 
 @dataclass

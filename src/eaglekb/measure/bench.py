@@ -32,10 +32,10 @@ from typing import Any, Callable
 
 import torch
 
-from eaglekb import runsetup
+from eaglekb.measure import setup as runsetup
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.timing import PhaseTimer, stats, wall
-from eaglekb.errors import BadInput
+from eaglekb.io.errors import BadInput
 
 
 @dataclass
@@ -328,7 +328,7 @@ def render_text(r: BenchReport) -> str:
 
 def noise(r: BenchReport) -> dict:
     """Range over repeats per metric; comparisons allow 25% (throughput on shared machines moves)."""
-    from eaglekb.baselines import flatten
+    from eaglekb.kb.baselines import flatten
 
     paths = set(flatten(r.metrics))
     return {"repeats": r.config["repeats"], "spread_kind": "range",

@@ -1,7 +1,7 @@
 """Provenance capture: where, when and how a number was produced.
 
 Owns: reading the git state, the host (CPU, GPUs, driver), package versions and
-selected environment variables into a plain dict that ``eaglekb.baselines``
+selected environment variables into a plain dict that ``eaglekb.kb.baselines``
 validates and stores. Knows nothing about baselines files or the task runner.
 Every probe is best-effort: a missing tool records ``None``, never raises.
 """

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from eaglekb import baselines as _b
-from eaglekb.errors import BadInput, EaglekbError, Unavailable
+from eaglekb.kb import baselines as _b
+from eaglekb.io.errors import BadInput, EaglekbError, Unavailable
 
 #: The revision value meaning "the files on disk now" (the default for REV_B).
 WORKTREE = "WORKTREE"

@@ -22,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
-from eaglekb.errors import BadInput, IntegrityError, MissingFile
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 
 Split = Literal["train", "eval", "all"]
 GSM8K_EVAL_COUNT = 200

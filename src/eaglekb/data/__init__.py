@@ -1,0 +1,1 @@
+"""Data: prompt corpora, prompt files, self-distilled generation and features, vocab counts."""

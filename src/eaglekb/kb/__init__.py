@@ -1,0 +1,1 @@
+"""The knowledge base: baselines schema and writer, diffs, findings index, rendering (the only pydantic user)."""

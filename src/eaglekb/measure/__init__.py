@@ -1,0 +1,1 @@
+"""Measurement: run setup, probe, bench, viability arithmetic, the SGLang backend, provenance."""

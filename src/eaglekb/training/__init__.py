@@ -1,0 +1,1 @@
+"""Training: TTT drafter training, lm_head remapping, checkpoints, DDP through torchrun."""
