@@ -25,15 +25,9 @@ import torch
 from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV
-from eaglekb.engine.model import TargetModel, rms_norm
+from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import Incompatible
-
-
-def apply_rope_f32(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding computed in float32 (as ``eaglekb.models.drafter`` does in training)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+from eaglekb.models.layers import apply_rope, rms_norm
 
 
 def check_shapes(drafter, hidden: int, vocab: int, embed_dim: int | None = None) -> None:
@@ -116,7 +110,7 @@ class DraftModel:
         q = F.linear(x, self.wq).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = F.linear(x, self.wk).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
         v = F.linear(x, self.wv).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope_f32(q, cos, sin), apply_rope_f32(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, float32=True), apply_rope(k, cos, sin, float32=True)
         keys, values = kv.write(0, slots, k, v)
         width = mask.shape[-1]
         att = F.scaled_dot_product_attention(q, keys[:, :, :width], values[:, :, :width], attn_mask=mask,

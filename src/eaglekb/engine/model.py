@@ -24,42 +24,9 @@ from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV
 from eaglekb.io.errors import Incompatible
+from eaglekb.models.layers import apply_rope, rms_norm, rope_tables, rope_theta
 
 SUPPORTED = ("llama", "qwen2")
-
-
-def rope_theta(config) -> float:
-    """rope theta from a config (transformers 5 keeps it in ``rope_parameters``); default rope only."""
-    params = getattr(config, "rope_parameters", None) or {}
-    scaling = getattr(config, "rope_scaling", None) or {}
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        raise Incompatible("unsupported rope scaling", where="config:rope_parameters.rope_type",
-                           expected="'default'", found=repr(kind))
-    theta = params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
-    return float(theta)
-
-
-def rope_tables(theta: float, head_dim: int, max_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 cos/sin ``[max_len, head_dim]`` (HF layout: frequencies repeated twice)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-    freqs = torch.arange(max_len, dtype=torch.float32, device=device)[:, None] * inv[None]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x ``[B,H,T,D]``; cos/sin ``[T,D]`` float32 (cast to x's dtype as HF does)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
 
 
 def attention(x, wq, wk, wv, wo, bq, bk, bv, *, n_heads, n_kv, head_dim, cos, sin,
