@@ -12,7 +12,7 @@ import pytest
 from eaglekb.studies import story
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARMS = ["a-scratch", "b-noremap", "b-remap", "b-scratch"]
 
 

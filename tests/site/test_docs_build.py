@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def copy_site(dst: Path) -> Path:
@@ -25,7 +25,6 @@ def build(root: Path, site: Path):
                           cwd=root, capture_output=True, text=True, env=env, timeout=600)
 
 
-from site_build import site  # noqa: E402,F401 - the one strict build shared by the site tests
 
 
 def test_site_renders_baselines_and_is_offline(site):

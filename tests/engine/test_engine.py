@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from fixtures_models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
+from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
 from eaglekb.engine.generate import Engine, SpecConfig
@@ -17,6 +17,9 @@ from eaglekb.io.errors import BadInput, Incompatible
 from eaglekb.models.target import default_capture_points
 
 CONFIGS = {"llama": tiny_llama_config, "qwen2": tiny_qwen2_config}
+
+
+from helpers.engine import OracleDrafting  # noqa: E402
 
 
 def build(kind="llama", max_len=96, **over):
@@ -60,60 +63,6 @@ def test_speculative_equals_greedy_random_drafter(kind, spec):
         got = eng.speculative(prompt, 30, spec)
         assert got.tokens == want
         assert sum(got.accept_lens) >= 30 - 1
-
-
-class OracleDrafting(Drafting):
-    """Proposes the target's own greedy continuation, corrupted at random depths, so that
-    every accept length (0..steps) and, in trees, off-first-child paths occur."""
-
-    def __init__(self, base: Drafting, reference: list[int], prompt_len: int, seed: int = 0):
-        super().__init__(base.dm, base.step, static_width=base.static_width)
-        self.reference, self.prompt_len = reference, prompt_len
-        self.rng = random.Random(seed)
-
-    def _truth(self, root_pos: int, depth: int) -> int:
-        i = root_pos + 2 + depth - 1 - self.prompt_len  # token index within the continuation
-        return self.reference[i] if i < len(self.reference) else 0
-
-    def _wrong(self, truth: int) -> int:
-        return (truth + self.rng.randrange(1, VOCAB)) % VOCAB
-
-    def chain(self, root_logits, root_hidden, *, root_pos, scratch, steps, temperature=0.0, gen=None):
-        super().chain(root_logits, root_hidden, root_pos=root_pos, scratch=scratch, steps=steps)  # real work
-        cut = self.rng.randint(0, steps)
-        toks = [self._truth(root_pos, d) if d <= cut else self._wrong(self._truth(root_pos, d))
-                for d in range(1, steps + 1)]
-        return DraftTree(tokens=toks, parents=list(range(-1, steps - 1)), depths=list(range(1, steps + 1)),
-                         draft_ids=[0] * steps)
-
-    def tree(self, root_logits, root_hidden, *, root_pos, scratch, steps, topk, budget):
-        super().tree(root_logits, root_hidden, root_pos=root_pos, scratch=scratch, steps=steps, topk=topk,
-                     budget=budget)
-        tree = DraftTree()
-        parent, cut = -1, self.rng.randint(0, steps)
-        for d in range(1, steps + 1):
-            truth = self._truth(root_pos, d)
-            right = self.rng.randrange(topk) if d <= cut else -1
-            nxt = None
-            wrong = set()
-            for c in range(topk):
-                if c == right:
-                    tok = truth
-                else:
-                    tok = self._wrong(truth)
-                    while tok in wrong:
-                        tok = self._wrong(truth)
-                    wrong.add(tok)
-                tree.tokens.append(tok)
-                tree.parents.append(parent)
-                tree.depths.append(d)
-                tree.draft_ids.append(0)
-                if c == right:
-                    nxt = len(tree.tokens) - 1
-            if nxt is None:
-                break
-            parent = nxt
-        return tree
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])

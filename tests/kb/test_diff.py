@@ -15,7 +15,7 @@ from eaglekb.kb import baselines
 from eaglekb.measure import provenance
 from eaglekb.io.errors import BadInput
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOISE = {"repeats": 3, "spread_kind": "range", "spread": {"spec_tok_s": 2.0}, "tolerance_rel": 0.02}
 EXACT = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.05}
 METRICS = {"spec_tok_s": 100.0, "cycle_ms": 30.0, "accept_len": 2.0, "mem_mib": 10}

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_models import DRAFT_VOCAB, VOCAB, rewrite_config, rewrite_tensors, tiny_drafter, \
+from helpers.models import DRAFT_VOCAB, VOCAB, rewrite_config, rewrite_tensors, tiny_drafter, \
     tiny_llama_config  # noqa: E402
 
 from eaglekb.models.drafter import (REQUIRED_KEYS, DrafterConfig, KVCache, build_drafter_for_target,  # noqa: E402
@@ -184,7 +183,7 @@ def test_embeddings_optional(tmp_path):
 
 
 def test_build_for_qwen2_target_and_defaults():
-    from fixtures_models import tiny_qwen2_config
+    from helpers.models import tiny_qwen2_config
 
     d = build_drafter_for_target(tiny_qwen2_config(), 16, intermediate_size=40)
     assert d.config.hidden_size == 48 and d.config.intermediate_size == 40

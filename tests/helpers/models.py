@@ -1,11 +1,10 @@
-"""Tiny random models and drafter checkpoints shared by the model-side tests (CPU, fast)."""
+"""Tiny random models, tokenizers and drafter checkpoints shared by the tests (CPU, fast)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 VOCAB = 128
@@ -71,12 +70,27 @@ def rewrite_config(path: Path, edit) -> None:
     file.write_text(json.dumps(doc))
 
 
-@pytest.fixture(scope="module")
-def one_torch_thread():
-    """One torch thread: several times faster on a shared, loaded CPU; restored afterwards.
-    A module uses it for all its tests with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``
-    after importing it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+WORDS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
+
+
+def word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    for i in range(len(WORDS), VOCAB):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
+                          "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+    return fast
+
+
+def write_tiny_target(folder: Path) -> Path:
+    cfg = tiny_llama_config(max_position_embeddings=256, eos_token_id=2)
+    model = tiny_causal_lm(cfg)
+    model.save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    return folder

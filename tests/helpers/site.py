@@ -1,8 +1,7 @@
 """Shared by the site tests: build the site once per test session, serve a folder on 127.0.0.1.
 
-Not a conftest: test modules import it (``from site_build import ...``; pytest puts tests/ on
-sys.path). ``built_site`` caches its result for the whole session, so every module that asks
-for the site gets the same build.
+``built_site`` caches its result for the whole session; the ``site`` fixture (tests/conftest.py)
+hands it to every module that asks.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from typing import Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
@@ -42,12 +41,6 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         assert proc.returncode == 0, "strict site build failed:\n" + (proc.stderr + proc.stdout)[-3000:]
         _BUILT["site"] = out
     return _BUILT["site"]
-
-
-@pytest.fixture(scope="session")
-def site(tmp_path_factory) -> Path:
-    """The built site folder (import this fixture into a test module to use it)."""
-    return built_site(tmp_path_factory)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

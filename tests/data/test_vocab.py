@@ -19,7 +19,7 @@ from eaglekb.training import remap as R
 from eaglekb.data import vocab as V
 from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, SchemaError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -217,7 +217,7 @@ def test_target_fit_recovers_a_linear_map():
 
 
 def _tiny_drafter(path, selected, seed=0):
-    from fixtures_models import tiny_drafter
+    from helpers.models import tiny_drafter
 
     from eaglekb.models.drafter import save_drafter
 
@@ -258,7 +258,7 @@ def test_remap_to_a_smaller_vocab_changes_config_only_there(tmp_path):
 
 
 def test_remap_keeps_the_speculators_format(tmp_path):
-    from fixtures_models import write_drafter
+    from helpers.models import write_drafter
 
     from eaglekb.models.drafter import load_drafter, read_config
 
@@ -287,7 +287,7 @@ def test_mapping_readers_agree(tmp_path):
 
 
 def test_counts_from_a_datagen_dataset(tmp_path):
-    from test_datagen import make_target, prompts, small_cfg
+    from helpers.datagen import make_target, prompts, small_cfg
 
     from eaglekb.data import datagen
 
@@ -349,7 +349,7 @@ def test_remap_refuses_other_vocab_and_writes_nothing(tmp_path):
 
 
 def test_remap_refuses_lm_head_rows_that_do_not_match_d2t(tmp_path):
-    from fixtures_models import rewrite_tensors
+    from helpers.models import rewrite_tensors
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     rewrite_tensors(src, lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:30].clone()}))
@@ -362,7 +362,7 @@ def test_remap_refuses_lm_head_rows_that_do_not_match_d2t(tmp_path):
 
 
 def test_remap_refuses_target_of_another_hidden_size(tmp_path):
-    from fixtures_models import tiny_causal_lm, tiny_llama_config
+    from helpers.models import tiny_causal_lm, tiny_llama_config
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     tiny_causal_lm(tiny_llama_config(hidden_size=48)).save_pretrained(tmp_path / "target")
@@ -373,7 +373,7 @@ def test_remap_refuses_target_of_another_hidden_size(tmp_path):
 
 
 def test_remap_target_init_uses_target_rows(tmp_path):
-    from fixtures_models import tiny_causal_lm, tiny_llama_config
+    from helpers.models import tiny_causal_lm, tiny_llama_config
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     model = tiny_causal_lm(tiny_llama_config())
@@ -400,7 +400,6 @@ def _task_json(capsys, task, *args, **kwargs):
 
 
 def test_tasks_build_compare_remap(tmp_path, capsys, monkeypatch):
-    sys.path.insert(0, str(ROOT))
     from runbooks import remap as remap_tasks
     from runbooks import vocab as vocab_tasks
 

@@ -13,8 +13,7 @@ from eaglekb.data import datagen
 from eaglekb.training import loop as training
 from eaglekb.io.errors import BadInput, Incompatible, IntegrityError
 
-from test_datagen import make_target, prompts, small_cfg  # noqa: E402  (tests/ is on sys.path)
-from fixtures_models import one_torch_thread  # noqa: E402,F401  (the fixture, used below)
+from helpers.datagen import make_target, prompts, small_cfg
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,7 +41,7 @@ def cfg_for(root: Path, out: Path, **over) -> training.TrainConfig:
 
 def test_ttt_step_k_equals_the_inference_forward_with_a_kv_cache():
     """Step k at anchor t = the drafter's cached forward after t+1 verified tokens and k drafted ones."""
-    from fixtures_models import tiny_drafter
+    from helpers.models import tiny_drafter
 
     from eaglekb.models.drafter import KVCache
 
@@ -116,7 +115,7 @@ def test_bad_inputs_are_one_line_and_write_nothing(data, tmp_path):
         training.train(cfg_for(data, tmp_path / "run", steps=2), progress=False)
     assert sorted((tmp_path / "run" / "checkpoints").iterdir()) == ckpts
     # an init drafter for a target of another hidden size
-    from fixtures_models import tiny_llama_config
+    from helpers.models import tiny_llama_config
     from eaglekb.models.drafter import build_drafter_for_target, save_drafter
 
     wide = build_drafter_for_target(tiny_llama_config(hidden_size=48), 40, aux_layer_ids=[1, 3, 4])
@@ -213,7 +212,7 @@ def _invoke(*args):
     import subprocess
     import sys
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=root, capture_output=True, text=True,
                           timeout=600)
 

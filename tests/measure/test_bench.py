@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from test_probe import tiny_pair  # noqa: F401  (module-scoped fixture: tiny target + drafter folders)
 
 from eaglekb.measure import bench
 from eaglekb.io.errors import BadInput
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parse_sweep():

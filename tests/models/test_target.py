@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_models import VOCAB, tiny_causal_lm, tiny_llama_config, tiny_qwen2_config  # noqa: E402
+from helpers.models import VOCAB, tiny_causal_lm, tiny_llama_config, tiny_qwen2_config  # noqa: E402
 
 from eaglekb.io.errors import BadInput  # noqa: E402
 from eaglekb.models.target import (Target, capture_points_to_config_ids, config_ids_to_capture_points,  # noqa: E402

@@ -1,6 +1,6 @@
 """The built site in a real browser: headless Debian Chromium through Python playwright.
 
-The site is built once (tests/site_build.py), served on 127.0.0.1 from a thread, and every page
+The site is built once (tests/helpers/site.py), served on 127.0.0.1 from a thread, and every page
 is opened with every request recorded: nothing may leave 127.0.0.1 (other hosts do not resolve in
 this browser, so a failing test cannot reach the network either). Playwright never downloads a
 browser here: it drives /usr/bin/chromium; the module is skipped, with the reason, without it.
@@ -22,8 +22,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
-from site_build import (CHROMIUM, CHROMIUM_ARGS, ROOT, browser_skip_reason, git_env, serve, site,  # noqa: F401
-                        working_tree_repo)
+from helpers.site import (CHROMIUM, CHROMIUM_ARGS, ROOT, browser_skip_reason, git_env, serve, working_tree_repo)
 
 _SKIP = browser_skip_reason()
 pytestmark = [pytest.mark.browser] + ([pytest.mark.skip(reason=_SKIP)] if _SKIP else [])

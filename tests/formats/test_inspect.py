@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fixtures_models import DRAFT_VOCAB, rewrite_config, rewrite_tensors, write_drafter  # noqa: E402
+from helpers.models import DRAFT_VOCAB, rewrite_config, rewrite_tensors, write_drafter  # noqa: E402
 
 from eaglekb.io.errors import IntegrityError, MissingFile, SchemaError  # noqa: E402
 from eaglekb.formats.inspect import (compare_checkpoints, inspect_checkpoint, render_comparison,  # noqa: E402
                                 render_inspection)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def codes(report, severity=None):
@@ -125,7 +124,7 @@ def test_fc_not_three_times_target_hidden(clean):
 
 
 def test_fc_not_matching_target_hidden(clean, tmp_path):
-    from fixtures_models import tiny_llama_config
+    from helpers.models import tiny_llama_config
 
     ok = tmp_path / "target-ok"
     tiny_llama_config().save_pretrained(ok)
@@ -231,7 +230,7 @@ def test_compare_other_shape_difference_is_incompatible(tmp_path):
 
 def test_compare_reports_embed_tokens_presence(tmp_path):
     from eaglekb.models.drafter import build_drafter_for_target, save_drafter
-    from fixtures_models import tiny_llama_config
+    from helpers.models import tiny_llama_config
 
     d = build_drafter_for_target(tiny_llama_config(), DRAFT_VOCAB, mapping=list(range(0, 80, 2)),
                                  with_embeddings=True, torch_dtype="float32")

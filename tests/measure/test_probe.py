@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures_models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config
+from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config
 
 from eaglekb.measure import probe
 from eaglekb.engine.draft import DraftModel
@@ -21,43 +21,7 @@ from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import BadInput, Incompatible, MissingFile
 from eaglekb.models.target import default_capture_points
 
-ROOT = Path(__file__).resolve().parents[1]
-WORDS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "user", "assistant"]
-
-
-def tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(WORDS)}
-    for i in range(len(WORDS), VOCAB):
-        vocab[f"w{i}"] = i
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> "
-                          "{% endfor %}{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
-    return fast
-
-
-def write_tiny_target(folder: Path) -> Path:
-    cfg = tiny_llama_config(max_position_embeddings=256, eos_token_id=2)
-    model = tiny_causal_lm(cfg)
-    model.save_pretrained(folder)
-    tiny_tokenizer().save_pretrained(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def tiny_pair(tmp_path_factory):
-    from eaglekb.models.drafter import save_drafter
-
-    base = tmp_path_factory.mktemp("probe")
-    target = write_tiny_target(base / "target")
-    drafter = save_drafter(tiny_drafter(tiny_llama_config(), dtype="float32"), base / "drafter")
-    return target, drafter
-
-
+ROOT = Path(__file__).resolve().parents[2]
 def _sequential_chain(tm, dm, seq, root, steps):
     """Reference: the inference path (extend 0..root, then a chain fed the true tokens)."""
     dev = tm.device
@@ -161,7 +125,7 @@ def test_runbook_json_last_line(tiny_pair):
 @pytest.mark.slow
 def test_smollm2_speculative_equals_greedy(tmp_path):
     """The real default target in float32 with a random drafter and injected right drafts."""
-    from test_engine import OracleDrafting
+    from helpers.engine import OracleDrafting
 
     from eaglekb.measure import setup as runsetup
     from eaglekb.models.drafter import build_drafter_for_target, save_drafter

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from site_build import ROOT, site  # noqa: F401 - the session fixture
+from helpers.site import ROOT
 
 
 # --------------------------------------------------------------------------- the lookups
