@@ -15,7 +15,8 @@ from typing import Any, Iterator
 
 from invoke import Exit
 
-from eaglekb.io.errors import EaglekbError
+from eaglekb.io.errors import BadInput, EaglekbError
+from eaglekb.kb import baselines
 
 
 @contextlib.contextmanager
@@ -39,8 +40,6 @@ def emit(document: dict[str, Any], text: str | None, json_out: bool) -> None:
 
 def parse_floats(values: Any, option: str) -> list[float]:
     """Parse a repeatable numeric option (list or comma-separated string)."""
-    from eaglekb.io.errors import BadInput
-
     if values is None:
         return []
     if isinstance(values, (str, int, float)):
@@ -62,8 +61,6 @@ def parse_floats(values: Any, option: str) -> list[float]:
 
 def parse_int(value: Any, option: str) -> int | None:
     """Parse a whole-number option given as text (None or empty: not given)."""
-    from eaglekb.io.errors import BadInput
-
     if value in (None, ""):
         return None
     try:
@@ -96,8 +93,6 @@ def finish(
     baseline of the same kind whose config is identical. Returns what happened,
     for the task's JSON document.
     """
-    from eaglekb.kb import baselines
-
     name = record or compare or "run"
     result = baselines.build(kind=kind, name=name, command=command_line(), **fields)
     out: dict[str, Any] = {"baseline_id": result.id}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from invoke import Exit, task
 
-from eaglekb.kb import baselines
-from runbooks._common import cli_errors, emit
+from eaglekb.kb import baselines, diff_render
+from eaglekb.kb import diff as baseline_diff
+from eaglekb.kb import investigation
+from runbooks._common import cli_errors, emit, parse_floats
 
 
 @task(help={"json": "print one JSON document as the last line",
@@ -44,14 +46,21 @@ def schema(c, json=False):
             "markdown": "print Markdown for a pull-request comment instead of plain text"})
 def diff(c, rev_a=None, rev_b=None, threshold=None, json=False, fail_on="none", markdown=False):
     """What changed in baselines/ between two git revisions: metrics against their noise, config, environment."""
-    from eaglekb.kb import diff as baseline_diff
-    from runbooks._common import parse_floats
-
     with cli_errors():
         pct = parse_floats(threshold, "--threshold")
         report = baseline_diff.diff(rev_a, rev_b, threshold_rel=pct[0] / 100 if pct else None)
         failed = report.should_fail(fail_on)
-    text = baseline_diff.to_markdown(report) if markdown else baseline_diff.to_text(report)
-    emit(baseline_diff.to_json(report), text, json)
+    text = diff_render.to_markdown(report) if markdown else diff_render.to_text(report)
+    emit(diff_render.to_json(report), text, json)
     if failed:
         raise Exit(f"--fail-on {fail_on}: {report.summary()}", code=1)
+
+
+@task(help={"json": "print one JSON document as the last line"})
+def record_investigation(c, json=False):
+    """Record the K2.5 investigation's reported numbers as baselines (source "recorded", each citing its section)."""
+    with cli_errors():
+        paths = investigation.record()
+    ids = [f"{p.parent.name}/{p.stem}" for p in paths]
+    emit({"baselines": ids, "files": [str(p) for p in paths]},
+         "\n".join(f"recorded {i} -> {p}" for i, p in zip(ids, paths)), json)

@@ -50,10 +50,11 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
             torch.set_num_threads(int(threads))
 
         from eaglekb.data import datagen as dg
+        from eaglekb.data.prompts import DEFAULT_CORPORA, training_prompts
         from eaglekb.models import sources
 
         path = sources.resolve(str(target))
-        prompts = dg.prompt_set(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))
+        prompts = training_prompts(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))
         cfg = dg.DatagenConfig(max_new_tokens=int(max_new_tokens), max_len=int(max_len), batch_size=int(batch_size),
                                mode=mode, temperature=float(temperature), top_p=float(top_p), seed=int(seed),
                                shard_size=int(shard_size), features=features, store_final_hidden=not no_final_hidden,
@@ -65,7 +66,7 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
         doc = {"out": str(out), "totals": manifest["totals"], "last_run": manifest.get("last_run"),
                "prompts": manifest.get("prompts")}
         metrics = {k: v for k, v in dg.storage_report(manifest).items() if v is not None}
-        config = {"target": str(target), "corpus": list(corpus or dg.DEFAULT_CORPORA) if not prompts_file else None,
+        config = {"target": str(target), "corpus": list(corpus or DEFAULT_CORPORA) if not prompts_file else None,
                   "prompts_file": prompts_file, "per_source": int(per_source), "device": device,
                   "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, **cfg.__dict__}
         doc.update(finish(kind="datagen", record=record, compare=compare, config=config, metrics=metrics,

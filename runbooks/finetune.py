@@ -54,7 +54,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
 
             torch.set_num_threads(int(threads))
 
-        from eaglekb.training import loop as training
+        from eaglekb import training
         from eaglekb.io.errors import BadInput
 
         if not data:

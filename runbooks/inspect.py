@@ -25,12 +25,12 @@ def inspect(c, path, against=None, target=None, json=False):
     when the two are incompatible).
     """
     with cli_errors():
-        from eaglekb.formats import inspect as inspection
+        from eaglekb.formats import compare, inspect as inspection
         from eaglekb.models import sources
 
         if against:
-            report = inspection.compare_checkpoints(path, against)
-            text = inspection.render_comparison(report)
+            report = compare.compare_checkpoints(path, against)
+            text = compare.render_comparison(report)
             failed = not report["compatible"]
             reason = report["verdict"]
         else:

@@ -32,10 +32,11 @@ def remap(c, drafter, mapping, out, init=None, target=None, source_counts=None, 
           record=None, compare=None):
     """New drafter: each kept token's lm_head row moved to its new position; new rows initialised."""
     with cli_errors():
-        from eaglekb.training import remap as R
         from eaglekb.data import vocab
+        from eaglekb.formats.mapping import load_mapping
+        from eaglekb.training import remap as R
 
-        new_map = vocab.load_mapping(mapping)
+        new_map = load_mapping(mapping)
         counts = vocab.load_counts(source_counts) if source_counts else None
         target_path = None
         if target:
@@ -80,7 +81,7 @@ def measure(c, mapping_a, mapping_b, target="smollm2-135m", eval_corpus=None, ev
             train_limit=300, fit_steps=600, out=None, json=False, record=None, compare=None):
     """Measured check: the remap keeps every kept token's prediction; compare inits on held-out data."""
     with cli_errors():
-        from eaglekb.training import remap as M
+        from eaglekb.measure import remap_check as M
 
         result = M.measure(mapping_a, mapping_b, target=target, eval_corpora=eval_corpus or ["gsm8k-eval"],
                            eval_limit=int(eval_limit), train_corpora=train_corpus or ["wiki", "chitchat"],

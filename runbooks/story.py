@@ -1,9 +1,17 @@
-"""`invoke story.*`: the investigation's Phase 0 / Phase 1 story on a small target, measured and recorded."""
+"""`invoke story.*`: the investigation's Phase 0 / Phase 1 story on a small target, measured and recorded.
+
+Each task imports ``eaglekb.studies.story`` when it runs: the story loads torch, and listing the tasks must
+stay quick.
+"""
 
 from __future__ import annotations
 
+import os
+
 from invoke import task
 
+from eaglekb.kb import baselines
+from eaglekb.models import sources
 from runbooks._common import cli_errors, command_line, emit, parse_int
 
 
@@ -47,10 +55,7 @@ def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source
 def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=False, device="auto", threads=0,
         b_small=256, soft_limit_s=480, no_export=False, export_max_mib=60, json=False):
     """Datagen A and B, mappings, drafter A, three Phase 1 arms at equal budgets, probes, verdicts."""
-    import os
-
     with cli_errors():
-        from eaglekb.models import sources
         from eaglekb.studies import story as lib
 
         cfg = lib.StoryConfig(model=sources.resolve(model) if model and not tiny else model, prompts=prompts,
@@ -77,13 +82,13 @@ def record(c, run_dir, prefix, commit=None, command=None, drafters=None, pieces=
            json=False):
     """Record a story run's results as baselines (datagen, vocab, finetune, probe, plan)."""
     with cli_errors():
-        from eaglekb.kb import baselines
         from eaglekb.studies import story as lib
 
         doc = lib.load(run_dir)
-        made = lib.baselines_from_run(run_dir, prefix=prefix, commit=commit,
-                                      command=command or (doc.get("provenance") or {}).get("command")
-                                      or "invoke story.run")
+        specs = lib.baseline_specs(run_dir, prefix=prefix, commit=commit,
+                                   command=command or (doc.get("provenance") or {}).get("command")
+                                   or "invoke story.run")
+        made = [baselines.build(**spec) for spec in specs]
         lines, result = [], {"baselines": [b.id for b in made]}
         if check:
             result["comparisons"] = {}
@@ -114,8 +119,6 @@ def record(c, run_dir, prefix, commit=None, command=None, drafters=None, pieces=
 })
 def export(c, names, work="/tmp/eaglekb-story", out=None, json=False):
     """Export chosen drafters of a finished run in 16 MiB pieces, with a hash manifest (for story.record)."""
-    import os
-
     with cli_errors():
         from eaglekb.studies import story as lib
 

@@ -31,6 +31,7 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
     """Build a d2t/t2d mapping from token counts (SpecForge/speculators rule: top N, ties by id, sorted)."""
     with cli_errors():
         from eaglekb.data import vocab
+        from eaglekb.formats.mapping import build_mapping, render_build, save_mapping
         from eaglekb.io.errors import BadInput
 
         n = parse_int(draft_vocab_size, "--draft-vocab-size")
@@ -62,8 +63,8 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
                                "generated dataset exists; build from --dataset for the real thing")
         if save_counts:
             vocab.save_counts(save_counts, tc)
-        mapping = vocab.build_mapping(tc, n)
-        path = vocab.save_mapping(out, mapping)
+        mapping = build_mapping(tc, n)
+        path = save_mapping(out, mapping)
         doc = {"out": str(path), **mapping.meta}
         metrics = {"draft_vocab_tokens": n, "target_vocab_tokens": mapping.vocab_size,
                    "counted_tokens": tc.total, "seen_count": tc.seen,
@@ -73,7 +74,7 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
                           noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
                           summary=f"top {n} of {mapping.vocab_size} tokens cover "
                                   f"{metrics['coverage_pct']:.2f}% of {tc.total:,} counted tokens"))
-    emit(doc, vocab.render_build(mapping, path) + finish_text(doc), json)
+    emit(doc, render_build(mapping, path) + finish_text(doc), json)
 
 
 @task(
@@ -90,19 +91,21 @@ def compare(c, a, b, counts=None, json=False, record=None, compare=None):
     """Position matches, set overlap, Jaccard, coverage, and why positions disagree."""
     with cli_errors():
         from eaglekb.data import vocab
+        from eaglekb.formats import mapping_compare
+        from eaglekb.formats.mapping import load_mapping
 
-        ma, mb = vocab.load_mapping(a), vocab.load_mapping(b)
+        ma, mb = load_mapping(a), load_mapping(b)
         ref = vocab.load_counts(counts) if counts else None
-        doc = vocab.compare_mappings(ma, mb, ref)
+        doc = mapping_compare.compare_mappings(ma, mb, ref)
         config = {"a": str(a), "b": str(b), "counts": str(counts) if counts else None,
                   "a_meta": _brief(ma), "b_meta": _brief(mb)}
         doc.update(finish(kind="vocab", record=record, compare=compare, config=config,
-                          metrics=vocab.comparison_metrics(doc),
+                          metrics=mapping_compare.comparison_metrics(doc),
                           noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0},
                           summary=f"{doc['position_matches']} of {max(ma.draft_vocab_size, mb.draft_vocab_size)} "
                                   f"positions match, set overlap {doc['set_overlap']} "
                                   f"(Jaccard {doc['jaccard']:.3f})"))
-    emit(doc, vocab.render_comparison(doc) + finish_text(doc), json)
+    emit(doc, mapping_compare.render_comparison(doc) + finish_text(doc), json)
 
 
 def _brief(mapping):

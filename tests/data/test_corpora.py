@@ -3,7 +3,7 @@
 import pytest
 
 from eaglekb.data import corpora
-from eaglekb.io.errors import BadInput, MissingFile
+from eaglekb.io.errors import BadInput
 
 
 def test_sources_load_with_manifest():
@@ -48,15 +48,6 @@ def test_mix_interleaves_and_is_seeded():
     assert [p.source for p in a.prompts[:4]] == ["wiki", "chitchat", "wiki", "chitchat"]
 
 
-def test_unknown_corpus_and_prompts_file(tmp_path):
+def test_unknown_corpus():
     with pytest.raises(BadInput, match="unknown corpus"):
         corpora.load("nope")
-    with pytest.raises(MissingFile):
-        corpora.read_prompts_file(tmp_path / "none.txt")
-    f = tmp_path / "p.jsonl"
-    f.write_text('{"prompt": "hi"}\nplain line\n')
-    ps = corpora.read_prompts_file(f)
-    assert [p.text for p in ps.prompts] == ["hi", "plain line"]
-    f.write_text('{"oops": 1}\n')
-    with pytest.raises(BadInput, match="p.jsonl:1"):
-        corpora.read_prompts_file(f)

@@ -1,22 +1,24 @@
-"""eaglekb.data.datagen: regeneration, features, shards, resume, the SGLang client path (CPU, tiny models)."""
+"""The datagen run: regeneration, features, shards, resume, the SGLang client path (CPU, tiny models)."""
 
 from __future__ import annotations
 
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 
 import pytest
 import torch
 
-from eaglekb.data import datagen
-from eaglekb.data.corpora import Prompt, PromptSet
+from eaglekb.data import datagen, generation
+from eaglekb.data.chat import chat_prefix_ids
+from eaglekb.data.features import OnlineFeatures
+from eaglekb.formats import shards
 from eaglekb.io.errors import Incompatible, IntegrityError, SchemaError, Unavailable
+from eaglekb.models.server import SGLangClient, parse_chat
+from helpers.datagen import make_target, prompts, small_cfg
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-from helpers.datagen import CHARS, make_target, prompts, small_cfg, tiny_tokenizer  # noqa: F401
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
@@ -25,20 +27,20 @@ def target_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(target_dir):
-    return datagen.load_target(target_dir, dtype="float32")
+    return generation.load_target(target_dir, dtype="float32")
 
 
 def test_generate_store_and_read(target, tmp_path):
     out = tmp_path / "data"
     man = datagen.run(target, prompts(6), out, small_cfg(), progress=False)
     assert man["totals"]["sequences"] == 6 and len(man["shards"]) == 2
-    ds = datagen.open_dataset(out, verify="sha256")
+    ds = shards.open_dataset(out, verify="sha256")
     assert len(ds) == 6 and ds.capture_points == target.capture_points
     seq = ds.get(0)
     n = len(seq["input_ids"])
     assert seq["aux_hidden"].shape == (n, 3 * 32) and seq["final_hidden"].shape == (n, 32)
     # the loss mask covers exactly the response: after the assistant header
-    prefix = datagen.chat_prefix_ids(target.tokenizer, prompts(1).prompts[0].messages)
+    prefix = chat_prefix_ids(target.tokenizer, prompts(1).prompts[0].messages)
     assert seq["loss_mask"][: len(prefix)].sum() == 0 and seq["loss_mask"][len(prefix):].all()
     # greedy self-distillation: the stored argmax of position p is the token at p+1 in the response
     ids, am = seq["input_ids"].long(), seq["target_argmax"].long()
@@ -47,7 +49,7 @@ def test_generate_store_and_read(target, tmp_path):
     # stored features equal a fresh target pass
     res = target.forward(ids[None])
     assert torch.allclose(res.aux_hidden[0], seq["aux_hidden"], atol=1e-5)
-    assert (out / datagen.HEAD_FILE).is_file()
+    assert (out / shards.HEAD_FILE).is_file()
     rep = datagen.storage_report(man)
     assert rep["hidden_state_bytes_per_token_bytes"] == 4 * 32 * 4 and rep["bytes_per_token_bytes"] > 4 * 32 * 4
 
@@ -60,13 +62,13 @@ def test_resume_skips_written_shards_and_refuses_other_config(target, tmp_path):
     assert man["last_run"]["shards_skipped_count"] == 1 and man["last_run"]["shards_written_count"] == 1
     assert (out / "shard-00000.safetensors").stat().st_mtime_ns == first
     full = datagen.run(target, prompts(8), tmp_path / "ref", small_cfg(), progress=False)
-    a, b = datagen.open_dataset(out), datagen.open_dataset(tmp_path / "ref")
+    a, b = shards.open_dataset(out), shards.open_dataset(tmp_path / "ref")
     assert all(torch.equal(a.get(i)["input_ids"], b.get(i)["input_ids"]) for i in range(8))
     assert full["totals"]["tokens"] == man["totals"]["tokens"]
-    before = (out / datagen.MANIFEST).read_text()
+    before = (out / shards.MANIFEST).read_text()
     with pytest.raises(Incompatible, match="another config"):
         datagen.run(target, prompts(8), out, small_cfg(max_new_tokens=5), progress=False)
-    assert (out / datagen.MANIFEST).read_text() == before
+    assert (out / shards.MANIFEST).read_text() == before
 
 
 def test_sampled_mode_is_seeded_and_online_mode_stores_ids_only(target, tmp_path):
@@ -74,9 +76,9 @@ def test_sampled_mode_is_seeded_and_online_mode_stores_ids_only(target, tmp_path
     b = datagen.run(target, prompts(3), tmp_path / "b", small_cfg(mode="sampled", seed=3), progress=False)
     assert a["totals"]["tokens"] == b["totals"]["tokens"]
     on = datagen.run(target, prompts(3), tmp_path / "on", small_cfg(features="online"), progress=False)
-    seq = datagen.open_dataset(tmp_path / "on").get(0)
+    seq = shards.open_dataset(tmp_path / "on").get(0)
     assert set(seq) == {"input_ids", "loss_mask"} and on["totals"]["hidden_bytes_per_token"] == 0
-    feats = datagen.OnlineFeatures(target)(seq["input_ids"].long()[None], torch.ones(1, len(seq["input_ids"])))
+    feats = OnlineFeatures(target)(seq["input_ids"].long()[None], torch.ones(1, len(seq["input_ids"])))
     assert feats["aux_hidden"].shape[-1] == 96
 
 
@@ -87,12 +89,12 @@ def test_corrupt_or_truncated_shard_is_one_line(target, tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[:8] = b"\xff" * 8
     shard.write_bytes(bytes(raw))
-    with pytest.raises(IntegrityError, match="unreadable shard") as err:
-        datagen.open_dataset(out)
+    with pytest.raises(IntegrityError, match="unreadable safetensors file") as err:
+        shards.open_dataset(out)
     assert "\n" not in str(err.value)
     shard.write_bytes(bytes(raw[:100]))
     with pytest.raises(IntegrityError, match="size differs"):
-        datagen.open_dataset(out)
+        shards.open_dataset(out)
 
 
 # ----------------------------------------------------------------------------- SGLang client path
@@ -138,40 +140,43 @@ def server():
 
 
 def test_request_building_and_parsing():
-    client = datagen.ServerClient("http://127.0.0.1:1/", model="kimi")
+    client = SGLangClient("http://127.0.0.1:1/", model="kimi")
     msgs = [{"role": "user", "content": "hi"}]
-    greedy = client.build_request(msgs, datagen.DatagenConfig(max_new_tokens=7))
+    opts = generation.chat_options(datagen.DatagenConfig(max_new_tokens=7), "t:0")
+    greedy = client.chat_request(msgs, **opts)
     assert greedy == {"model": "kimi", "messages": msgs, "max_tokens": 7, "temperature": 0.0}
-    sampled = client.build_request(msgs, datagen.DatagenConfig(mode="sampled", temperature=0.6, top_p=0.9), seed=5)
-    assert sampled["temperature"] == 0.6 and sampled["top_p"] == 0.9 and sampled["seed"] == 5
+    cfg = datagen.DatagenConfig(mode="sampled", temperature=0.6, top_p=0.9, seed=5)
+    sampled = client.chat_request(msgs, **generation.chat_options(cfg, "t:0"))
+    assert sampled["temperature"] == 0.6 and sampled["top_p"] == 0.9 and sampled["seed"] > 5
+    assert sampled["seed"] == generation.chat_options(cfg, "t:0")["seed"] != generation.chat_options(cfg, "t:1")["seed"]
     doc = {"choices": [{"message": {"content": "ok"}, "finish_reason": "length"}]}
-    assert datagen.ServerClient.parse_response(doc) == ("ok", "length")
+    assert parse_chat(doc) == ("ok", "length")
     with pytest.raises(SchemaError, match="not a chat-completions response"):
-        datagen.ServerClient.parse_response({"error": "bad"})
+        parse_chat({"error": "bad"})
 
 
 def test_server_regeneration_resumes_and_featurises(server, target, tmp_path):
     url, fake = server
-    client = datagen.ServerClient(url)
+    client = SGLangClient(url)
     cfg = small_cfg()
     progress = tmp_path / "responses.jsonl"
     fake.fail_after = 2
     with pytest.raises(Unavailable, match="HTTP 503"):
-        datagen.regenerate_via_server(prompts(4).prompts, client, cfg, progress, progress=False)
-    assert len(datagen.read_progress(progress)) == 2
+        generation.regenerate_via_server(prompts(4).prompts, client, cfg, progress, progress=False)
+    assert len(generation.read_progress(progress)) == 2
     with open(progress, "a") as fh:  # an interrupted write leaves a torn line
         fh.write('{"id": "t:9", "resp')
     fake.fail_after = None
-    done = datagen.regenerate_via_server(prompts(4).prompts, client, cfg, progress, progress=False)
+    done = generation.regenerate_via_server(prompts(4).prompts, client, cfg, progress, progress=False)
     assert len(done) == 4 and len(fake.requests) == 4  # the first two were not asked again
     assert fake.requests[0][0] == "/v1/chat/completions" and fake.requests[0][1]["temperature"] == 0.0
     man = datagen.run(target, prompts(4), tmp_path / "data", cfg, progress=False, responses=done)
-    seq = datagen.open_dataset(tmp_path / "data").get(0)
+    seq = shards.open_dataset(tmp_path / "data").get(0)
     text = "".join(target.tokenizer.convert_ids_to_tokens(seq["input_ids"][seq["loss_mask"].bool()].tolist()))
     assert text.startswith("echo tell me") and man["identity"]["config"]["source"] == "sglang"
 
 
 def test_unreachable_server_is_one_line(tmp_path):
-    client = datagen.ServerClient("http://127.0.0.1:9", timeout=2)
+    client = SGLangClient("http://127.0.0.1:9", timeout=2)
     with pytest.raises(Unavailable, match="server unreachable"):
-        datagen.regenerate_via_server(prompts(1).prompts, client, small_cfg(), tmp_path / "r.jsonl", progress=False)
+        generation.regenerate_via_server(prompts(1).prompts, client, small_cfg(), tmp_path / "r.jsonl", progress=False)

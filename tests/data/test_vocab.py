@@ -15,9 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save, save_file
 
-from eaglekb.training import remap as R
 from eaglekb.data import vocab as V
-from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, SchemaError
+from eaglekb.formats import mapping as FM
+from eaglekb.formats import mapping_compare as MC
+from eaglekb.measure import remap_check as RC
+from eaglekb.training import remap as R
+from eaglekb.io.errors import BadInput, EaglekbError, Incompatible
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -73,8 +76,8 @@ def counts_and_n(draw):
 @given(counts_and_n())
 def test_build_is_byte_identical_to_specforge_and_speculators(tmp_path_factory, args):
     counts, n, vocab = args
-    tc = V.TokenCounts(torch.tensor(counts, dtype=torch.int64))
-    path = V.save_mapping(tmp_path_factory.mktemp("m") / "m.safetensors", V.build_mapping(tc, n))
+    tc = FM.TokenCounts(torch.tensor(counts, dtype=torch.int64))
+    path = FM.save_mapping(tmp_path_factory.mktemp("m") / "m.safetensors", FM.build_mapping(tc, n))
     got = load_file(str(path))
     for ref in (specforge_reference(counts, n, vocab), speculators_reference(counts, n, vocab)):
         want = save({"d2t": ref[0], "t2d": ref[1]})
@@ -100,7 +103,7 @@ def test_counts_match_specforge_counting(args):
 def test_padding_takes_smallest_unseen_ids():
     counts = torch.zeros(100, dtype=torch.int64)
     counts[[50, 3, 70]] = torch.tensor([5, 9, 5])
-    m = V.build_mapping(V.TokenCounts(counts), 6)
+    m = FM.build_mapping(FM.TokenCounts(counts), 6)
     assert m.selected.tolist() == [0, 1, 2, 3, 50, 70]
     assert m.meta["padded_tokens"] == 3 and m.meta["coverage_frac"] == 1.0
 
@@ -110,16 +113,16 @@ def test_padding_takes_smallest_unseen_ids():
 
 def _mapping(ids, vocab=64, counts=None):
     sel = torch.tensor(sorted(ids), dtype=torch.int64)
-    m = V.Mapping(sel - torch.arange(sel.numel()), vocab, source=f"m{len(ids)}")
+    m = FM.Mapping(sel - torch.arange(sel.numel()), vocab, source=f"m{len(ids)}")
     if counts is not None:
-        m.counts = V.TokenCounts(torch.tensor(counts, dtype=torch.int64))
+        m.counts = FM.TokenCounts(torch.tensor(counts, dtype=torch.int64))
     return m
 
 
 def test_compare_explains_the_sorted_id_shift():
     a = _mapping(range(1, 11))  # 1..10
     b = _mapping(range(0, 10))  # 0..9: one smaller id shifts every row
-    doc = V.compare_mappings(a, b)
+    doc = MC.compare_mappings(a, b)
     assert doc["position_matches"] == 0 and doc["set_overlap"] == 9 and doc["jaccard"] == pytest.approx(9 / 11)
     assert doc["shared_shifted"] == 9 and doc["longest_matching_run"] == 0
     assert "sorted by target id" in doc["explanation"] and "\n" not in doc["explanation"]
@@ -131,17 +134,17 @@ def test_compare_longest_run_and_coverage():
         counts[t] = c
     a = _mapping([1, 2, 3, 5, 9], counts=counts)
     b = _mapping([1, 2, 3, 6, 40])
-    doc = V.compare_mappings(a, b)
+    doc = MC.compare_mappings(a, b)
     assert doc["position_matches"] == 3 and doc["longest_matching_run"] == 3
     assert doc["coverage"]["a_counts"]["a"] == pytest.approx(0.3)
     assert doc["coverage"]["a_counts"]["b"] == pytest.approx(1.0)
-    metrics = V.comparison_metrics(doc)
+    metrics = MC.comparison_metrics(doc)
     assert metrics["coverage"]["a_counts"]["b_pct"] == 100.0
 
 
 def test_compare_refuses_different_vocab_sizes():
     with pytest.raises(Incompatible) as err:
-        V.compare_mappings(_mapping(range(4), vocab=64), _mapping(range(4), vocab=65))
+        MC.compare_mappings(_mapping(range(4), vocab=64), _mapping(range(4), vocab=65))
     assert "different target vocab sizes" in str(err.value) and "\n" not in str(err.value)
 
 
@@ -197,8 +200,8 @@ def test_kept_tokens_keep_their_predictions(args):
     head = torch.randn(len(a), hidden, generator=gen)
     new, plan = R.remap_lm_head(head, src, dst, init="zeros")
     feats = torch.randn(50, hidden, generator=gen)
-    data = R.Features(feats, torch.randint(0, vocab, (50,), generator=gen), 1, 50)
-    check = R.check_remap(data, head, src, new, dst, plan)
+    data = RC.Features(feats, torch.randint(0, vocab, (50,), generator=gen), 1, 50)
+    check = RC.check_remap(data, head, src, new, dst, plan)
     assert check["kept_rows_agree_frac"] == 1.0 and check["bound_holds"]
 
 
@@ -225,7 +228,7 @@ def _tiny_drafter(path, selected, seed=0):
 
 
 def _save_map(path, ids, vocab=128):
-    return V.save_mapping(path, _mapping(ids, vocab))
+    return FM.save_mapping(path, _mapping(ids, vocab))
 
 
 def test_remap_drafter_moves_rows_and_keeps_everything_else(tmp_path):
@@ -233,13 +236,13 @@ def test_remap_drafter_moves_rows_and_keeps_everything_else(tmp_path):
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     new_ids = list(range(1, 30)) + list(range(30, 80, 2))[:11]  # 40 tokens, half shared
-    mapping = V.load_mapping(_save_map(tmp_path / "new.safetensors", new_ids))
+    mapping = FM.load_mapping(_save_map(tmp_path / "new.safetensors", new_ids))
     report = R.remap_drafter(src, mapping, tmp_path / "out", init="mean")
-    files = R.check_files(src, tmp_path / "out")
+    files = RC.check_files(src, tmp_path / "out")
     assert files["changed_tensors"] == ["d2t", "lm_head.weight", "t2d"]
     assert files["changed_config"] == []  # same draft vocab size: config.json untouched
     a, b = load_file(str(src / "model.safetensors")), load_file(str(tmp_path / "out" / "model.safetensors"))
-    pos_a, pos_b = V.Mapping(a["d2t"], 128).positions(), mapping.positions()
+    pos_a, pos_b = FM.Mapping(a["d2t"], 128).positions(), mapping.positions()
     shared = sorted(set(range(0, 80, 2)) & set(new_ids))
     assert report["kept"] == len(shared) and report["new"] == 40 - len(shared)
     for t in shared:
@@ -250,9 +253,9 @@ def test_remap_drafter_moves_rows_and_keeps_everything_else(tmp_path):
 
 def test_remap_to_a_smaller_vocab_changes_config_only_there(tmp_path):
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
-    mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(0, 40, 2))))
+    mapping = FM.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(0, 40, 2))))
     R.remap_drafter(src, mapping, tmp_path / "out", init="zeros")
-    files = R.check_files(src, tmp_path / "out")
+    files = RC.check_files(src, tmp_path / "out")
     assert files["changed_config"] == ["draft_vocab_size"]
     assert json.loads((tmp_path / "out" / "config.json").read_text())["draft_vocab_size"] == 20
 
@@ -260,10 +263,11 @@ def test_remap_to_a_smaller_vocab_changes_config_only_there(tmp_path):
 def test_remap_keeps_the_speculators_format(tmp_path):
     from helpers.models import write_drafter
 
-    from eaglekb.models.drafter import load_drafter, read_config
+    from eaglekb.formats.drafter import read_config
+    from eaglekb.models.drafter import load_drafter
 
     src = write_drafter(tmp_path / "src", selected=list(range(0, 80, 2)), fmt="speculators")
-    mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(1, 81, 2))))
+    mapping = FM.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(1, 81, 2))))
     report = R.remap_drafter(src, mapping, tmp_path / "out", init="zeros")
     assert report["format"] == "speculators" and report["kept"] == 0 and report["new"] == 40
     assert read_config(tmp_path / "out")[1] == "speculators"
@@ -280,9 +284,9 @@ def test_mapping_readers_agree(tmp_path):
     (tmp_path / "npy").mkdir()
     np.save(tmp_path / "npy" / "d2t.npy", m.d2t.numpy())
     np.save(tmp_path / "npy" / "t2d.npy", m.t2d.numpy())
-    V.save_mapping(tmp_path / "m.safetensors", m)
+    FM.save_mapping(tmp_path / "m.safetensors", m)
     for p in (tmp_path / "vocab_mapping.pt", tmp_path / "npy", tmp_path / "m.safetensors"):
-        got = V.load_mapping(p)
+        got = FM.load_mapping(p)
         assert got.selected.tolist() == ids and got.vocab_size == 32
 
 
@@ -290,18 +294,20 @@ def test_counts_from_a_datagen_dataset(tmp_path):
     from helpers.datagen import make_target, prompts, small_cfg
 
     from eaglekb.data import datagen
+    from eaglekb.data.generation import load_target
+    from eaglekb.formats.shards import open_dataset
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model on a shared CPU: one thread is faster
     try:
-        target = datagen.load_target(make_target(tmp_path / "t"), dtype="float32")
+        target = load_target(make_target(tmp_path / "t"), dtype="float32")
         datagen.run(target, prompts(3), tmp_path / "d", small_cfg(features="online", max_new_tokens=6),
                     progress=False)
     finally:
         torch.set_num_threads(threads)
     tc = V.counts_from_dataset(tmp_path / "d")
     want = Counter()
-    for ids, mask in datagen.open_dataset(tmp_path / "d").token_ids_and_masks():
+    for ids, mask in open_dataset(tmp_path / "d").token_ids_and_masks():
         want.update(ids[mask.bool()].tolist())
     assert tc.total == sum(want.values()) > 0 and all(tc.counts[t] == c for t, c in want.items())
     assert tc.vocab_size == target.vocab_size
@@ -328,7 +334,7 @@ def test_bad_mappings_fail_in_one_line(tmp_path, d2t, t2d_ids, fragment):
     t2d = [i in t2d_ids for i in range(10)]
     path = _write_raw_mapping(tmp_path / "bad.safetensors", d2t, t2d)
     with pytest.raises(EaglekbError) as err:
-        V.load_mapping(path)
+        FM.load_mapping(path)
     msg = str(err.value)
     assert fragment in msg and "\n" not in msg
 
@@ -336,13 +342,13 @@ def test_bad_mappings_fail_in_one_line(tmp_path, d2t, t2d_ids, fragment):
 def test_duplicate_d2t_is_named():
     d2t = torch.tensor([0, 1, 1, 1])  # selected 0, 2, 3, 4: fine
     with pytest.raises(BadInput, match="repeats a target token"):
-        V.check_mapping(torch.tensor([0, 0, -1]), None, 10, "x")
-    assert V.check_mapping(d2t, None, 10, "x").tolist() == [0, 2, 3, 4]
+        FM.check_mapping(torch.tensor([0, 0, -1]), 10, None, None, "x")
+    assert FM.check_mapping(d2t, 10, None, None, "x").tolist() == [0, 2, 3, 4]
 
 
 def test_remap_refuses_other_vocab_and_writes_nothing(tmp_path):
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
-    mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(40)), vocab=129))
+    mapping = FM.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(40)), vocab=129))
     with pytest.raises(Incompatible, match="different target vocab sizes"):
         R.remap_drafter(src, mapping, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -353,11 +359,11 @@ def test_remap_refuses_lm_head_rows_that_do_not_match_d2t(tmp_path):
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     rewrite_tensors(src, lambda t: t.update({"lm_head.weight": t["lm_head.weight"][:30].clone()}))
-    mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(40))))
+    mapping = FM.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(40))))
     with pytest.raises(Incompatible, match="lm_head rows do not match d2t length"):
         R.remap_drafter(src, mapping, tmp_path / "out")
     with pytest.raises(Incompatible, match="lm_head rows do not match d2t length"):
-        V.load_mapping(src)
+        FM.load_mapping(src)
     assert not (tmp_path / "out").exists()
 
 
@@ -366,7 +372,7 @@ def test_remap_refuses_target_of_another_hidden_size(tmp_path):
 
     src = _tiny_drafter(tmp_path / "src", list(range(0, 80, 2)))
     tiny_causal_lm(tiny_llama_config(hidden_size=48)).save_pretrained(tmp_path / "target")
-    mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(40))))
+    mapping = FM.load_mapping(_save_map(tmp_path / "n.safetensors", list(range(40))))
     with pytest.raises(Incompatible, match="another hidden size"):
         R.remap_drafter(src, mapping, tmp_path / "out", target=tmp_path / "target")
     assert not (tmp_path / "out").exists()
@@ -379,7 +385,7 @@ def test_remap_target_init_uses_target_rows(tmp_path):
     model = tiny_causal_lm(tiny_llama_config())
     model.save_pretrained(tmp_path / "target")
     new_ids = list(range(40))
-    mapping = V.load_mapping(_save_map(tmp_path / "n.safetensors", new_ids))
+    mapping = FM.load_mapping(_save_map(tmp_path / "n.safetensors", new_ids))
     R.remap_drafter(src, mapping, tmp_path / "out", init="target", target=tmp_path / "target")
     out = load_file(str(tmp_path / "out" / "model.safetensors"))
     head = model.lm_head.weight.detach()
@@ -406,7 +412,7 @@ def test_tasks_build_compare_remap(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("EAGLEKB_ROOT", str(tmp_path))  # history goes to tmp, not the repo
     counts = torch.zeros(128, dtype=torch.int64)
     counts[torch.arange(0, 128, 3)] = torch.arange(43, 0, -1)
-    V.save_counts(tmp_path / "c.safetensors", V.TokenCounts(counts, {"what": "test"}))
+    V.save_counts(tmp_path / "c.safetensors", FM.TokenCounts(counts, {"what": "test"}))
     doc = _task_json(capsys, vocab_tasks.build, out=str(tmp_path / "a.safetensors"), draft_vocab_size="40",
                      counts=str(tmp_path / "c.safetensors"))
     assert doc["draft_vocab_size"] == 40 and doc["coverage_frac"] < 1.0
@@ -460,11 +466,11 @@ def test_real_remap_keeps_every_kept_prediction(tmp_path):
     path = _smollm2()
     target = Target.load(path)
     tok = target.tokenizer
-    a = V.build_mapping(V.counts_from_prompts(corpora.load("chitchat", limit=300), tok), 2048)
-    b = V.build_mapping(V.counts_from_prompts(corpora.load("gsm8k", limit=300), tok), 2048)
+    a = FM.build_mapping(V.counts_from_prompts(corpora.load("chitchat", limit=300), tok), 2048)
+    b = FM.build_mapping(V.counts_from_prompts(corpora.load("gsm8k", limit=300), tok), 2048)
     head, _ = R.read_target_head(path)
-    data = R.content_features(target, corpora.load("gsm8k-eval", split="eval", limit=20))
-    results = R.compare_inits(data, head[a.selected], a, b, head)
+    data = RC.content_features(target, corpora.load("gsm8k-eval", split="eval", limit=20))
+    results = RC.compare_inits(data, head[a.selected], a, b, head)
     for method, check in results.items():
         assert check["kept_rows_agree_frac"] == 1.0, method
         assert check["bound_holds"], method

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eaglekb.data import datagen
-from eaglekb.data.corpora import Prompt, PromptSet
+from eaglekb.data.corpora import Prompt, PromptSet, prompts_hash
 
 CHARS = "abcdefghijklmnopqrstuvwxyz0123456789 .,?!'\n"
 
@@ -37,8 +37,6 @@ def prompts(n: int = 6) -> PromptSet:
              "why is the sky blue?", "count to five.", "name a fruit.", "say hi."]
     items = [Prompt(id=f"t:{i}", source="t", messages=({"role": "user", "content": texts[i % len(texts)]},))
              for i in range(n)]
-    from eaglekb.data.corpora import prompts_hash
-
     return PromptSet("tiny", items, manifest={"source": "tiny", "count": n, "sha256": prompts_hash(items)})
 
 

@@ -1,4 +1,4 @@
-"""eaglekb.kb.baselines: schema, canonical format, atomic writes, comparison."""
+"""eaglekb.kb.baselines: building, canonical format, atomic and locked writes, loading, comparison."""
 
 import json
 import multiprocessing
@@ -150,28 +150,7 @@ def test_compare_within_noise(root):
     assert not missing.reproduced
 
 
-def test_direction_from_unit_and_override(root):
-    b = make(root, better={"cycle.verify_ms": "none"})
-    assert bl.direction(b, "spec_tok_s") == "higher"
-    assert bl.direction(b, "cycle.verify_ms") == "none"
-
-
-@pytest.mark.parametrize("path, expected", [
-    ("val.acc.step0_pct", "higher"), ("online.accept_len", "higher"), ("breakeven_len", "lower"),
-    ("targets.t150.required_len", "none"), ("mapping.source_mass_lost_pct", "lower"),
-    ("coverage.a_counts.b_pct", "higher"), ("online.exact_match_frac", "higher"),
-    ("position_match_pct", "none"), ("throughput.train_s", "lower"),
-])
-def test_direction_from_name_rules(root, path, expected):
-    assert bl.direction(make(root), path) == expected
-
-
 def test_repository_baselines_are_valid():
     ok, problems = bl.check_all(Path(__file__).resolve().parents[2])
     assert problems == []
     assert "plan/k25-investigation" in ok
-
-
-def test_json_schema_exports():
-    schema = bl.json_schema()
-    assert schema["title"] == "Baseline" and "provenance" in schema["properties"]

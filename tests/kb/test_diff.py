@@ -1,4 +1,4 @@
-"""eaglekb.kb.diff: baselines compared across git revisions, in a throwaway repo."""
+"""eaglekb.kb.diff and diff_render: baselines compared across git revisions, in a throwaway repo."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb.kb import diff as bd
-from eaglekb.kb import baselines
-from eaglekb.measure import provenance
 from eaglekb.io.errors import BadInput
+from eaglekb.kb import baselines, diff_render
+from eaglekb.kb import diff as bd
+from eaglekb.measure import provenance
 
 REPO = Path(__file__).resolve().parents[2]
 NOISE = {"repeats": 3, "spread_kind": "range", "spread": {"spec_tok_s": 2.0}, "tolerance_rel": 0.02}
@@ -169,7 +169,7 @@ def test_invalid_json_at_one_revision_is_a_report_line(repo):
     assert "not valid JSON" in problem.error and "\n" not in problem.line()
     assert [c.id for c in report.changes] == ["bench/a"]  # the rest is still compared
     assert report.should_fail("regression")
-    assert "broken.json" in bd.to_markdown(report)
+    assert "broken.json" in diff_render.to_markdown(report)
 
 
 def test_schema_failure_names_the_field(repo):
@@ -213,13 +213,13 @@ def test_default_revisions_merge_base_then_worktree(repo):
 def test_markdown_and_json(repo):
     repo.put("a", metrics={**METRICS, "spec_tok_s": 90.0, "accept_len": 2.5}, config={**CONFIG, "steps": [1]})
     report = repo.diff()
-    md = bd.to_markdown(report)
+    md = diff_render.to_markdown(report)
     assert md.startswith("## Baselines diff: HEAD (") and "**1 regression(s) ⚠️, 1 improvement(s) ✅" in md
     assert "| `spec_tok_s` | 100 | 90 | -10 | -10.00% | 2 | ⚠️ regression |" in md
     assert "<details><summary>Config changes (2)</summary>" in md and "`config.steps.1`" in md
-    doc = json.loads(json.dumps(bd.to_json(report)))
+    doc = json.loads(json.dumps(diff_render.to_json(report)))
     assert doc["counts"]["regression"] == 1 and doc["changes"][0]["metrics"][0]["path"] == "accept_len"
-    assert "regression" in bd.to_text(report)
+    assert "regression" in diff_render.to_text(report)
 
 
 def test_invoke_task_gates_ci(repo):

@@ -127,6 +127,7 @@ def test_smollm2_speculative_equals_greedy(tmp_path):
     """The real default target in float32 with a random drafter and injected right drafts."""
     from helpers.engine import OracleDrafting
 
+    from eaglekb.data.prompts import eval_prompts
     from eaglekb.measure import setup as runsetup
     from eaglekb.models.drafter import build_drafter_for_target, save_drafter
     from eaglekb.engine.generate import SpecConfig
@@ -139,7 +140,7 @@ def test_smollm2_speculative_equals_greedy(tmp_path):
     tcfg = AutoConfig.from_pretrained(str(model_dir("smollm2-135m")))
     d = save_drafter(build_drafter_for_target(tcfg, 2048, torch_dtype="float32"), tmp_path / "d")
     loaded = runsetup.load("smollm2-135m", str(d), max_len=512)
-    prompts = runsetup.encode(loaded.tokenizer, runsetup.prompt_set("builtin", 2))
+    prompts = runsetup.encode(loaded.tokenizer, eval_prompts("builtin", 2))
     eng = Engine(loaded.target, loaded.drafter, max_len=256)
     for i, p in enumerate(prompts):
         want = eng.generate(p, 48).tokens

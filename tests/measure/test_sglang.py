@@ -1,4 +1,4 @@
-"""SGLang backend: the launch command, meta_info parsing, an unreachable server, a stub server."""
+"""SGLang backend: the launch command, the one client (meta_info parsing, an unreachable server), a stub server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from eaglekb.io.errors import BadInput, SchemaError, Unavailable
-from eaglekb.measure.sglang import LaunchConfig, SGLangClient, launch_command, parse_generate
+from eaglekb.measure.sglang import LaunchConfig, bench, launch_command
+from eaglekb.models.server import SGLangClient, parse_generate
 
 
 def test_launch_command_has_eagle3_flags():
@@ -73,7 +74,7 @@ def test_client_bench_against_stub_server():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         client = SGLangClient(f"http://127.0.0.1:{server.server_port}", timeout=5)
-        res = client.bench(["a", "b"], 32, repeats=2)
+        res = bench(client, ["a", "b"], 32, repeats=2)
         assert res["accept_len"] == pytest.approx(2.0)
         assert res["median_tok_s"] > 0
     finally:

@@ -95,7 +95,8 @@ def test_bad_input_is_one_line(kwargs):
 
 
 def test_metrics_carry_units(k25):
-    from eaglekb.kb.baselines import flatten, unit_of
+    from eaglekb.io.files import flatten
+    from eaglekb.kb.schema import unit_of
 
     for path in flatten(v.metrics(k25)):
         assert unit_of(path.rsplit(".", 1)[-1]), path

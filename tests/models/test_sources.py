@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb.models import sources
+from eaglekb.models import convert, sources
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, Unavailable
 
 
@@ -80,7 +80,7 @@ def test_embedded_table_pins():
 def test_locate_in_assembly_order(chunked):
     files = sources.locate_files(chunked)
     assert [f.name for f in files] == ["part2.bin", "part10.bin", "part11.bin"]
-    assert sources.sha256_files(files) == chunked.sha256
+    assert convert.sha256_files(files) == chunked.sha256
 
 
 def test_missing_package_names_pip_command(chunked, monkeypatch):
@@ -100,7 +100,7 @@ def test_wrong_version_is_reported(chunked):
 def test_hash_mismatch_refused(chunked, monkeypatch):
     bad = sources.PackagedSource(**{**chunked.__dict__, "sha256": "0" * 64})
     monkeypatch.setitem(sources.SOURCES, bad.name, bad)
-    monkeypatch.setattr(sources, "convert_gguf", _fake_convert)
+    monkeypatch.setattr(convert, "convert_gguf", _fake_convert)
     with pytest.raises(IntegrityError) as err:
         sources.prepare(bad.name, progress=False)
     line = err.value.line()
@@ -112,7 +112,7 @@ def test_hash_mismatch_refused(chunked, monkeypatch):
 
 def test_prepare_assembles_converts_once_with_manifest(chunked, monkeypatch):
     calls = []
-    monkeypatch.setattr(sources, "convert_gguf", lambda *a, **k: calls.append(a) or _fake_convert(*a, **k))
+    monkeypatch.setattr(convert, "convert_gguf", lambda *a, **k: calls.append(a) or _fake_convert(*a, **k))
     report = sources.prepare("fake-model", progress=False)
     assert report["cached"] is False and report["sha256"] == chunked.sha256
     folder = Path(report["path"])

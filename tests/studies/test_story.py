@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb.studies import story
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
+from eaglekb.kb import baselines
+from eaglekb.studies import story
 
 ROOT = Path(__file__).resolve().parents[2]
 ARMS = ["a-scratch", "b-noremap", "b-remap", "b-scratch"]
@@ -65,7 +66,10 @@ def test_record_builds_every_baseline_and_unpacks_drafters(tiny_run, tmp_path):
     assert not (ROOT / "baselines" / "finetune" / "tiny-a-scratch.json").exists()  # dry run wrote nothing
     for a in ARMS:
         assert (tmp_path / "drafters" / a / "model.safetensors").is_file()
-    b = {x.id: x for x in story.baselines_from_run(tiny_run, prefix="tiny", command="c", commit="0" * 40)}
+    specs = story.baseline_specs(tiny_run, prefix="tiny", command="c", commit="0" * 40)
+    assert all(isinstance(s, dict) for s in specs)  # plain fields: kb validates and writes them
+    b = {x.id: x for x in (baselines.build(**s) for s in specs)}
+    assert set(b) == ids
     plan = b["plan/tiny-verdicts"]
     assert plan.provenance.git_commit == "0" * 40 and plan.provenance.command == "c"
     assert set(plan.metrics) == {a.replace("-", "_") for a in ARMS}

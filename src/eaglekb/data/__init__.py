@@ -1,1 +1,2 @@
-"""Data: prompt corpora, prompt files, self-distilled generation and features, vocab counts."""
+"""Data: prompt corpora, prompt files and sets, the chat template, self-distilled generation, features, the datagen
+run, vocab counts."""

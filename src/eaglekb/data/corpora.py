@@ -8,7 +8,8 @@ first 200 test questions are the fixed evaluation slice, and every other source
 holds out the items whose id hashes into a fixed 1-in-20 bucket.
 
 Reads the packages' data files through importlib.metadata without importing the
-packages; knows nothing about tokenizers, models or the task runner.
+packages; knows nothing about prompt files (``eaglekb.data.prompts``), tokenizers,
+models or the task runner.
 """
 
 from __future__ import annotations
@@ -228,33 +229,3 @@ def check_disjoint(train: PromptSet, evaluation: PromptSet) -> None:
             raise BadInput("training prompts overlap the evaluation prompts", where=train.name,
                            expected=f"no prompt of {evaluation.name}", found=p.id)
 
-
-def read_prompts_file(path: str | Path) -> PromptSet:
-    """Prompts from a file: JSON lines with "prompt" or "messages", or plain text, one prompt per line."""
-    path = Path(path)
-    if not path.is_file():
-        raise MissingFile("prompts file not found", where=str(path))
-    prompts = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        if line.lstrip().startswith("{"):
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInput("prompts file line is not JSON", where=f"{path}:{i + 1}", found=exc.msg) from None
-            if "messages" in row:
-                messages = tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
-            elif "prompt" in row:
-                messages = ({"role": "user", "content": str(row["prompt"])},)
-            else:
-                raise BadInput("prompts file line has neither 'prompt' nor 'messages'", where=f"{path}:{i + 1}",
-                               expected='{"prompt": ...} or {"messages": [...]}', found=", ".join(row))
-        else:
-            messages = ({"role": "user", "content": line.strip()},)
-        prompts.append(Prompt(id=f"{path.name}:{i + 1}", source=path.name, messages=messages))
-    if not prompts:
-        raise BadInput("prompts file is empty", where=str(path), expected="at least one prompt", found="none")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return PromptSet(path.stem, prompts, manifest={"source": str(path), "count": len(prompts),
-                                                    "sha256": prompts_hash(prompts), "file_sha256": digest})

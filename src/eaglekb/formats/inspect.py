@@ -1,16 +1,19 @@
-"""Inspect one EAGLE-3 drafter checkpoint, or compare two, without loading it into a model.
+"""Inspect one EAGLE-3 drafter checkpoint without loading it into a model.
 
-Owns: ``inspect_checkpoint`` (config summary, every tensor's shape and dtype,
-parameter counts, findings) and ``compare_checkpoints`` (side-by-side report with
-a one-line verdict), plus their text renderers. Reads only headers and the
-d2t/t2d tensors, so multi-GB drafters inspect in seconds.
+Owns: ``inspect_checkpoint`` (config summary, every tensor's shape and dtype, parameter
+counts, findings), the named checks it runs (keys, config, shapes, mapping, dtypes,
+target), ``aux_layer_report`` and ``render_inspection``. Reads only headers and the
+d2t/t2d tensors, so multi-GB drafters inspect in seconds. The side-by-side comparison
+of two checkpoints is ``eaglekb.formats.compare``.
 
 Each finding is ``{code, severity, message}`` with severity ``error`` (SGLang or
 vLLM would misbehave, often silently) or ``warning`` (probably unintended);
-neutral facts (aux-layer convention, shared embeddings) go to ``notes``. A corrupt or truncated safetensors file, a missing folder or an
-unparsable config.json raise an ``EaglekbError`` (one line) instead.
+neutral facts (aux-layer convention, shared embeddings) go to ``notes``. A corrupt or
+truncated safetensors file, a missing folder or an unparsable config.json raise an
+``EaglekbError`` (one line) instead.
 
-Knows nothing about targets, training or the task runner.
+Knows nothing about the torch module, targets beyond their config.json, training or the
+task runner.
 """
 
 from __future__ import annotations
@@ -19,8 +22,12 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from eaglekb.models.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH, read_config_json
-from eaglekb.io.errors import IntegrityError, MissingFile
+import torch
+
+from eaglekb.formats.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH, read_config_json
+from eaglekb.formats.headers import folder_headers
+from eaglekb.io.errors import MissingFile
+from eaglekb.io.files import read_safetensors
 
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 _KNOWN = set(REQUIRED_KEYS) | set(OPTIONAL_KEYS)
@@ -44,41 +51,45 @@ def _finding(code: str, severity: str, message: str) -> dict:
 # ----------------------------------------------------------------------------- reading
 
 
+def _load_tensor(folder: Path, file: str, key: str) -> torch.Tensor:
+    return read_safetensors(folder / file, keys=[key])[key]
 
 
-def _read_headers(folder: Path) -> tuple[dict[str, dict], list[str]]:
-    from safetensors import safe_open
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        others = sorted(p.name for p in folder.iterdir())
-        raise MissingFile("no safetensors weights in drafter folder", where=str(folder),
-                          expected="model.safetensors", found=", ".join(others) or "an empty folder",
-                          fix="pytorch_model.bin is not read (no pickle); convert it to safetensors")
-    tensors: dict[str, dict] = {}
-    for file in files:
-        try:
-            with safe_open(str(file), framework="pt") as fh:
-                for key in fh.keys():
-                    sl = fh.get_slice(key)
-                    if key in tensors:
-                        raise IntegrityError("tensor stored twice", where=str(file), found=key)
-                    tensors[key] = {"shape": list(sl.get_shape()), "dtype": sl.get_dtype(),
-                                    "file": file.name}
-        except IntegrityError:
-            raise
-        except Exception as exc:  # SafetensorError is not importable under one name in all versions
-            raise IntegrityError("unreadable safetensors file (truncated or corrupt)", where=str(file),
-                                 expected="a complete safetensors file",
-                                 found=str(exc).splitlines()[0][:160]) from None
-    return tensors, [f.name for f in files]
+def _normalise_speculators(config: dict, findings: list) -> tuple[dict, dict[str, str]]:
+    layer = config.get("transformer_layer_config") or {}
+    flat = {k: layer.get(k) for k in _CONFIG_FIELDS if k in layer}
+    for k in ("draft_vocab_size", "target_hidden_size", "torch_dtype"):
+        if config.get(k) is not None:
+            flat[k] = config[k]
+    points = config.get("eagle_aux_hidden_state_layer_ids")
+    flat["aux_layer_ids"] = [int(p) - 1 for p in points] if points else None
+    if config.get("speculators_model_type") != "eagle3":
+        findings.append(_finding("unknown-architecture", "error",
+                                 f"speculators_model_type {config.get('speculators_model_type')!r} "
+                                 "is not 'eagle3'"))
+    if config.get("norm_before_residual"):
+        findings.append(_finding("norm-before-residual", "warning",
+                                 "norm_before_residual=true: the residual is the normed hidden "
+                                 "state; SGLang's LlamaForCausalLMEagle3 uses the raw one"))
+    return flat, {"layers.0.": "midlayer."}
 
 
-def _load_tensor(folder: Path, file: str, key: str):
-    from safetensors import safe_open
-
-    with safe_open(str(folder / file), framework="pt") as fh:
-        return fh.get_tensor(key)
+def _normalise_sglang(config: dict, findings: list) -> tuple[dict, dict[str, str]]:
+    arch = config.get("architectures") or []
+    if SGLANG_ARCH not in arch:
+        findings.append(_finding("unknown-architecture", "error",
+                                 f"architectures {arch!r} is not [{SGLANG_ARCH!r}]: SGLang will not "
+                                 "load it as an EAGLE-3 drafter"))
+    flat = {k: config.get(k) for k in _CONFIG_FIELDS if k in config}
+    if "rope_theta" not in flat and isinstance(config.get("rope_parameters"), dict):
+        flat["rope_theta"] = config["rope_parameters"].get("rope_theta")
+    eagle = config.get("eagle_config") or {}
+    flat["aux_layer_ids"] = eagle.get("eagle_aux_hidden_state_layer_ids")
+    for key in sorted(set(config) - _SGLANG_KNOWN_FIELDS):
+        findings.append(_finding("config-unknown-field", "warning",
+                                 f"config field {key!r} is not an EAGLE-3 drafter field; "
+                                 "SGLang ignores it"))
+    return flat, {"model.": ""}  # SGLang's loader also accepts a model. prefix
 
 
 def _normalise(config: dict, tensors: dict) -> tuple[str, dict, dict[str, str], list[dict]]:
@@ -86,40 +97,10 @@ def _normalise(config: dict, tensors: dict) -> tuple[str, dict, dict[str, str], 
     findings: list[dict] = []
     if "speculators_model_type" in config:
         fmt = "speculators"
-        layer = config.get("transformer_layer_config") or {}
-        flat = {k: layer.get(k) for k in _CONFIG_FIELDS if k in layer}
-        for k in ("draft_vocab_size", "target_hidden_size", "torch_dtype"):
-            if config.get(k) is not None:
-                flat[k] = config[k]
-        points = config.get("eagle_aux_hidden_state_layer_ids")
-        flat["aux_layer_ids"] = [int(p) - 1 for p in points] if points else None
-        if config.get("speculators_model_type") != "eagle3":
-            findings.append(_finding("unknown-architecture", "error",
-                                     f"speculators_model_type {config.get('speculators_model_type')!r} "
-                                     "is not 'eagle3'"))
-        if config.get("norm_before_residual"):
-            findings.append(_finding("norm-before-residual", "warning",
-                                     "norm_before_residual=true: the residual is the normed hidden "
-                                     "state; SGLang's LlamaForCausalLMEagle3 uses the raw one"))
-        rename = {"layers.0.": "midlayer."}
+        flat, rename = _normalise_speculators(config, findings)
     else:
         fmt = "sglang"
-        arch = config.get("architectures") or []
-        if SGLANG_ARCH not in arch:
-            findings.append(_finding("unknown-architecture", "error",
-                                     f"architectures {arch!r} is not [{SGLANG_ARCH!r}]: SGLang will not "
-                                     "load it as an EAGLE-3 drafter"))
-        flat = {k: config.get(k) for k in _CONFIG_FIELDS if k in config}
-        if "rope_theta" not in flat and isinstance(config.get("rope_parameters"), dict):
-            flat["rope_theta"] = config["rope_parameters"].get("rope_theta")
-        eagle = config.get("eagle_config") or {}
-        flat["aux_layer_ids"] = eagle.get("eagle_aux_hidden_state_layer_ids")
-        unknown = sorted(set(config) - _SGLANG_KNOWN_FIELDS)
-        for key in unknown:
-            findings.append(_finding("config-unknown-field", "warning",
-                                     f"config field {key!r} is not an EAGLE-3 drafter field; "
-                                     "SGLang ignores it"))
-        rename = {"model.": ""}  # SGLang's loader also accepts a model. prefix
+        flat, rename = _normalise_sglang(config, findings)
     names: dict[str, str] = {}
     for stored in tensors:
         canon = stored
@@ -130,28 +111,11 @@ def _normalise(config: dict, tensors: dict) -> tuple[str, dict, dict[str, str], 
     return fmt, flat, names, findings
 
 
-# ----------------------------------------------------------------------------- inspect
+# ----------------------------------------------------------------------------- checks
 
 
-def inspect_checkpoint(path: str | Path, *, target: str | Path | None = None) -> dict:
-    """Everything one needs to know before serving a drafter folder; see module docstring.
-
-    ``target``: a target model folder (its config.json is read, no weights) to check the
-    drafter against: fc input = 3 x target hidden, vocab size, capture points in range.
-    """
-    return _inspect(path, target)[0]
-
-
-def _inspect(path: str | Path, target: str | Path | None = None) -> tuple[dict, list[int] | None]:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise MissingFile("drafter folder not found", where=str(folder))
-    config = read_config_json(folder)
-    tensors, files = _read_headers(folder)
-    fmt, flat, names, findings = _normalise(config, tensors)
-    shape = {canon: tensors[stored]["shape"] for canon, stored in names.items()}
-
-    # keys
+def _check_keys(config: dict, names: dict[str, str], findings: list) -> None:
+    """Tensors SGLang would skip silently, and required ones that are absent."""
     known = _KNOWN | ({"fc.bias"} if config.get("bias") else set())
     for canon, stored in sorted(names.items(), key=lambda kv: kv[1]):
         if canon not in known:
@@ -167,16 +131,14 @@ def _inspect(path: str | Path, target: str | Path | None = None) -> tuple[dict, 
                 " (SGLang would keep random weights)"
             findings.append(_finding("missing-key", sev, f"required tensor {key!r} is absent{note}"))
 
-    # config sanity
-    hidden = flat.get("hidden_size")
-    target_hidden = flat.get("target_hidden_size") or hidden
-    vocab = flat.get("vocab_size")
-    draft_vocab = flat.get("draft_vocab_size")
+
+def _check_config(config: dict, flat: dict, findings: list) -> None:
+    """Missing sizes, no draft_vocab_size, tied embeddings, more than one midlayer."""
     for key in ("hidden_size", "vocab_size", "intermediate_size", "num_attention_heads"):
         if not isinstance(flat.get(key), int):
             findings.append(_finding("config-missing-field", "error",
                                      f"config field {key!r} is missing or not an integer"))
-    if draft_vocab is None:
+    if flat.get("draft_vocab_size") is None:
         findings.append(_finding("config-missing-field", "error",
                                  "draft_vocab_size is absent: SGLang assumes the full vocab and loads "
                                  "lm_head from the target"))
@@ -190,52 +152,50 @@ def _inspect(path: str | Path, target: str | Path | None = None) -> tuple[dict, 
         findings.append(_finding("num-hidden-layers", "warning",
                                  f"num_hidden_layers={layers}: eaglekb and most tools expect one midlayer"))
 
-    # shapes
-    if isinstance(hidden, int) and "fc.weight" in shape:
+
+def _check_shapes(flat: dict, shape: dict[str, list[int]], findings: list) -> None:
+    """fc, lm_head, norms, attention inputs and embeddings against the config sizes."""
+    hidden, vocab, draft_vocab = flat.get("hidden_size"), flat.get("vocab_size"), flat.get("draft_vocab_size")
+    target_hidden = flat.get("target_hidden_size") or hidden
+    if not isinstance(hidden, int):
+        return
+    if "fc.weight" in shape:
         fc = shape["fc.weight"]
         if len(fc) != 2 or fc[1] != 3 * (target_hidden or 0) or fc[0] != hidden:
             findings.append(_finding("fc-shape", "error",
                                      f"fc.weight is {fc}; expected [{hidden}, {3 * target_hidden}] "
                                      f"(3 x target hidden {target_hidden})"))
-    if isinstance(hidden, int) and isinstance(draft_vocab, int) and "lm_head.weight" in shape:
-        if shape["lm_head.weight"] != [draft_vocab, hidden]:
+    if isinstance(draft_vocab, int) and "lm_head.weight" in shape and \
+            shape["lm_head.weight"] != [draft_vocab, hidden]:
+        findings.append(_finding("shape-mismatch", "error",
+                                 f"lm_head.weight is {shape['lm_head.weight']}; expected "
+                                 f"[{draft_vocab}, {hidden}]"))
+    for key in ("norm.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
+                "midlayer.post_attention_layernorm.weight"):
+        if key in shape and shape[key] != [hidden]:
+            findings.append(_finding("shape-mismatch", "error", f"{key} is {shape[key]}; expected [{hidden}]"))
+    for key in ("q_proj", "k_proj", "v_proj"):
+        k = f"midlayer.self_attn.{key}.weight"
+        if k in shape and (len(shape[k]) != 2 or shape[k][1] != 2 * hidden):
             findings.append(_finding("shape-mismatch", "error",
-                                     f"lm_head.weight is {shape['lm_head.weight']}; expected "
-                                     f"[{draft_vocab}, {hidden}]"))
-    if isinstance(hidden, int):
-        for key in ("norm.weight", "midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight",
-                    "midlayer.post_attention_layernorm.weight"):
-            if key in shape and shape[key] != [hidden]:
-                findings.append(_finding("shape-mismatch", "error",
-                                         f"{key} is {shape[key]}; expected [{hidden}]"))
-        for key in ("q_proj", "k_proj", "v_proj"):
-            k = f"midlayer.self_attn.{key}.weight"
-            if k in shape and (len(shape[k]) != 2 or shape[k][1] != 2 * hidden):
-                findings.append(_finding("shape-mismatch", "error",
-                                         f"{k} is {shape[k]}; its input must be 2 x hidden = {2 * hidden} "
-                                         "(embedding ++ hidden)"))
-        if "embed_tokens.weight" in shape and isinstance(vocab, int) and \
-                shape["embed_tokens.weight"] != [vocab, hidden]:
-            findings.append(_finding("shape-mismatch", "error",
-                                     f"embed_tokens.weight is {shape['embed_tokens.weight']}; expected "
-                                     f"[{vocab}, {hidden}]"))
+                                     f"{k} is {shape[k]}; its input must be 2 x hidden = {2 * hidden} "
+                                     "(embedding ++ hidden)"))
+    if "embed_tokens.weight" in shape and isinstance(vocab, int) and shape["embed_tokens.weight"] != [vocab, hidden]:
+        findings.append(_finding("shape-mismatch", "error",
+                                 f"embed_tokens.weight is {shape['embed_tokens.weight']}; expected "
+                                 f"[{vocab}, {hidden}]"))
 
-    # mapping
-    mapping, selected = _check_mapping(folder, tensors, names, vocab, draft_vocab, findings)
 
-    # dtypes
+def _check_dtypes(tensors: dict, findings: list) -> None:
     float_dtypes = sorted({t["dtype"] for t in tensors.values() if t["dtype"] in _FLOAT_DTYPES})
     if len(float_dtypes) > 1:
         by = {d: sorted(k for k, t in tensors.items() if t["dtype"] == d) for d in float_dtypes}
         detail = "; ".join(f"{d}: {len(v)} ({v[0]}...)" for d, v in by.items())
         findings.append(_finding("dtype-mix", "warning", f"floating tensors use {len(float_dtypes)} "
                                                         f"dtypes: {detail}"))
-    aux = aux_layer_report(flat.get("aux_layer_ids"), fmt)
-    target_info = _check_target(target, flat, shape, aux, findings) if target is not None else None
-    notes = [aux["summary"]]
-    if "embed_tokens.weight" not in names:
-        notes.append("no embed_tokens.weight: the runtime shares the target's (frozen) embeddings")
 
+
+def _param_counts(tensors: dict, names: dict[str, str]) -> dict:
     params: dict[str, int] = {}
     for canon, stored in names.items():
         t = tensors[stored]
@@ -247,25 +207,7 @@ def _inspect(path: str | Path, target: str | Path | None = None) -> tuple[dict, 
             n *= s
         params[group] = params.get(group, 0) + n
     total = sum(params.values())
-    trainable = total - params.get("embed_tokens", 0)
-
-    errors = sum(f["severity"] == "error" for f in findings)
-    return {
-        "path": str(folder),
-        "format": fmt,
-        "files": files,
-        "config": dict(flat),
-        "tensors": {stored: {"shape": t["shape"], "dtype": t["dtype"]} for stored, t in sorted(tensors.items())},
-        "params": {"total": total, "without_embed_tokens": trainable, "by_group": params},
-        "mapping": mapping,
-        "aux_layers": aux,
-        "target": target_info,
-        "findings": findings,
-        "notes": notes,
-        "errors": errors,
-        "warnings": sum(f["severity"] == "warning" for f in findings),
-        "ok": errors == 0,
-    }, selected
+    return {"total": total, "without_embed_tokens": total - params.get("embed_tokens", 0), "by_group": params}
 
 
 def _check_target(target, flat: dict, shape: dict, aux: dict, findings: list) -> dict:
@@ -290,65 +232,127 @@ def _check_target(target, flat: dict, shape: dict, aux: dict, findings: list) ->
     return {"path": str(target), "hidden_size": hidden, "vocab_size": vocab, "num_hidden_layers": layers}
 
 
-def _check_mapping(folder, tensors, names, vocab, draft_vocab, findings) -> dict:
-    import torch
+# ----------------------------------------------------------------------------- mapping
 
+
+def _d2t_findings(d2t: torch.Tensor, dtype: str, vocab, draft_vocab, findings: list) -> torch.Tensor:
+    """Dtype, length, order, duplicates and range of d2t; returns the selected ids ``i + d2t[i]``."""
+    if d2t.dtype != torch.int64:
+        findings.append(_finding("d2t-dtype", "warning", f"d2t is {dtype}; SGLang and SpecForge store int64"))
+    d2t = d2t.to(torch.int64).reshape(-1)
+    if isinstance(draft_vocab, int) and d2t.numel() != draft_vocab:
+        findings.append(_finding("d2t-length", "error",
+                                 f"d2t has {d2t.numel()} entries; draft_vocab_size is {draft_vocab}"))
+    selected = torch.arange(d2t.numel(), dtype=torch.int64) + d2t
+    if selected.numel() > 1:
+        steps = selected[1:] - selected[:-1]
+        dups = int((steps == 0).sum())
+        backs = int((steps < 0).sum())
+        if dups or backs:
+            findings.append(_finding("d2t-order", "error",
+                                     f"i + d2t[i] must be strictly increasing: {dups} repeated and "
+                                     f"{backs} decreasing steps (first at draft id "
+                                     f"{int((steps <= 0).nonzero()[0]) + 1})"))
+        uniq = int(torch.unique(selected).numel())
+        if uniq != selected.numel():
+            findings.append(_finding("d2t-duplicates", "error",
+                                     f"{selected.numel() - uniq} draft ids map to a target token "
+                                     "another draft id already covers"))
+    if selected.numel() and isinstance(vocab, int):
+        bad = int(((selected < 0) | (selected >= vocab)).sum())
+        if bad:
+            findings.append(_finding("d2t-range", "error",
+                                     f"{bad} entries of i + d2t[i] fall outside the target vocab "
+                                     f"[0, {vocab - 1}] (range found {int(selected.min())}.."
+                                     f"{int(selected.max())})"))
+    return selected
+
+
+def _t2d_findings(t2d: torch.Tensor, selected: torch.Tensor | None, vocab, draft_vocab, findings: list) -> int:
+    """Length of t2d, how many tokens it marks, and whether it agrees with d2t; returns the marked count."""
+    if isinstance(vocab, int) and t2d.numel() != vocab:
+        findings.append(_finding("t2d-length", "error", f"t2d has {t2d.numel()} entries; vocab_size is {vocab}"))
+    true = int((t2d != 0).sum())
+    if isinstance(draft_vocab, int) and true != draft_vocab:
+        findings.append(_finding("t2d-count", "error",
+                                 f"t2d marks {true} target tokens; draft_vocab_size is {draft_vocab}"))
+    if selected is not None:
+        marked = set((t2d != 0).nonzero().reshape(-1).tolist())
+        chosen = set(selected.tolist())
+        if marked != chosen:
+            findings.append(_finding("t2d-mismatch", "error",
+                                     f"t2d and d2t disagree: {len(chosen - marked)} ids from d2t not in "
+                                     f"t2d, {len(marked - chosen)} in t2d not from d2t"))
+    return true
+
+
+def _check_mapping(folder, tensors, names, vocab, draft_vocab, findings) -> tuple[dict, list[int] | None]:
+    """The mapping summary and findings; also the selected ids (for a comparison)."""
     out: dict[str, Any] = {"draft_vocab_size": draft_vocab, "target_vocab_size": vocab}
     selected = None
     if "d2t" in names:
         info = tensors[names["d2t"]]
         d2t = _load_tensor(folder, info["file"], names["d2t"])
-        if d2t.dtype != torch.int64:
-            findings.append(_finding("d2t-dtype", "warning", f"d2t is {info['dtype']}; SGLang and SpecForge "
-                                                             "store int64"))
-        d2t = d2t.to(torch.int64).reshape(-1)
-        if isinstance(draft_vocab, int) and d2t.numel() != draft_vocab:
-            findings.append(_finding("d2t-length", "error",
-                                     f"d2t has {d2t.numel()} entries; draft_vocab_size is {draft_vocab}"))
-        selected = torch.arange(d2t.numel(), dtype=torch.int64) + d2t
-        if selected.numel() > 1:
-            steps = selected[1:] - selected[:-1]
-            dups = int((steps == 0).sum())
-            backs = int((steps < 0).sum())
-            if dups or backs:
-                findings.append(_finding("d2t-order", "error",
-                                         f"i + d2t[i] must be strictly increasing: {dups} repeated and "
-                                         f"{backs} decreasing steps (first at draft id "
-                                         f"{int((steps <= 0).nonzero()[0]) + 1})"))
-            uniq = int(torch.unique(selected).numel())
-            if uniq != selected.numel():
-                findings.append(_finding("d2t-duplicates", "error",
-                                         f"{selected.numel() - uniq} draft ids map to a target token "
-                                         "another draft id already covers"))
-        if selected.numel() and isinstance(vocab, int):
-            bad = int(((selected < 0) | (selected >= vocab)).sum())
-            if bad:
-                findings.append(_finding("d2t-range", "error",
-                                         f"{bad} entries of i + d2t[i] fall outside the target vocab "
-                                         f"[0, {vocab - 1}] (range found {int(selected.min())}.."
-                                         f"{int(selected.max())})"))
+        selected = _d2t_findings(d2t, info["dtype"], vocab, draft_vocab, findings)
         out["selected_min"] = int(selected.min()) if selected.numel() else None
         out["selected_max"] = int(selected.max()) if selected.numel() else None
         out["identity_prefix"] = bool(selected.numel()) and bool((d2t == 0).all())
     if "t2d" in names:
         info = tensors[names["t2d"]]
         t2d = _load_tensor(folder, info["file"], names["t2d"]).reshape(-1)
-        if isinstance(vocab, int) and t2d.numel() != vocab:
-            findings.append(_finding("t2d-length", "error",
-                                     f"t2d has {t2d.numel()} entries; vocab_size is {vocab}"))
-        true = int((t2d != 0).sum())
-        out["t2d_true"] = true
-        if isinstance(draft_vocab, int) and true != draft_vocab:
-            findings.append(_finding("t2d-count", "error",
-                                     f"t2d marks {true} target tokens; draft_vocab_size is {draft_vocab}"))
-        if selected is not None:
-            marked = set((t2d != 0).nonzero().reshape(-1).tolist())
-            chosen = set(selected.tolist())
-            if marked != chosen:
-                findings.append(_finding("t2d-mismatch", "error",
-                                         f"t2d and d2t disagree: {len(chosen - marked)} ids from d2t not in "
-                                         f"t2d, {len(marked - chosen)} in t2d not from d2t"))
+        out["t2d_true"] = _t2d_findings(t2d, selected, vocab, draft_vocab, findings)
     return out, (selected.tolist() if selected is not None else None)
+
+
+# ----------------------------------------------------------------------------- inspect
+
+
+def inspect_checkpoint(path: str | Path, *, target: str | Path | None = None) -> dict:
+    """Everything one needs to know before serving a drafter folder; see module docstring.
+
+    ``target``: a target model folder (its config.json is read, no weights) to check the
+    drafter against: fc input = 3 x target hidden, vocab size, capture points in range.
+    """
+    return inspect_with_mapping(path, target)[0]
+
+
+def inspect_with_mapping(path: str | Path, target: str | Path | None = None) -> tuple[dict, list[int] | None]:
+    """``inspect_checkpoint``'s report and the selected target ids of the drafter's d2t (None without d2t)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MissingFile("drafter folder not found", where=str(folder))
+    config = read_config_json(folder)
+    tensors, files = folder_headers(folder)
+    fmt, flat, names, findings = _normalise(config, tensors)
+    shape = {canon: tensors[stored]["shape"] for canon, stored in names.items()}
+    _check_keys(config, names, findings)
+    _check_config(config, flat, findings)
+    _check_shapes(flat, shape, findings)
+    mapping, selected = _check_mapping(folder, tensors, names, flat.get("vocab_size"),
+                                       flat.get("draft_vocab_size"), findings)
+    _check_dtypes(tensors, findings)
+    aux = aux_layer_report(flat.get("aux_layer_ids"), fmt)
+    target_info = _check_target(target, flat, shape, aux, findings) if target is not None else None
+    notes = [aux["summary"]]
+    if "embed_tokens.weight" not in names:
+        notes.append("no embed_tokens.weight: the runtime shares the target's (frozen) embeddings")
+    errors = sum(f["severity"] == "error" for f in findings)
+    return {
+        "path": str(folder),
+        "format": fmt,
+        "files": files,
+        "config": dict(flat),
+        "tensors": {stored: {"shape": t["shape"], "dtype": t["dtype"]} for stored, t in sorted(tensors.items())},
+        "params": _param_counts(tensors, names),
+        "mapping": mapping,
+        "aux_layers": aux,
+        "target": target_info,
+        "findings": findings,
+        "notes": notes,
+        "errors": errors,
+        "warnings": sum(f["severity"] == "warning" for f in findings),
+        "ok": errors == 0,
+    }, selected
 
 
 def aux_layer_report(ids, fmt: str = "sglang") -> dict:
@@ -379,124 +383,6 @@ def aux_layer_report(ids, fmt: str = "sglang") -> dict:
             else ids, "stored": stored, "summary": summary}
 
 
-# ----------------------------------------------------------------------------- compare
-
-
-def compare_checkpoints(a: str | Path, b: str | Path) -> dict:
-    """Side-by-side report of two drafter folders ending in a one-line verdict."""
-    (ra, sa), (rb, sb) = _inspect(a), _inspect(b)
-    ca, cb = ra["config"], rb["config"]
-    config = {k: {"a": ca.get(k), "b": cb.get(k), "same": ca.get(k) == cb.get(k)}
-              for k in sorted(set(ca) | set(cb))}
-    na, nb = _canonical(ra), _canonical(rb)
-    names = sorted(set(na) | set(nb))
-    tensors = {}
-    for n in names:
-        ta, tb = na.get(n), nb.get(n)
-        tensors[n] = {
-            "a": ta, "b": tb,
-            "same_shape": bool(ta and tb and ta["shape"] == tb["shape"]),
-            "same_dtype": bool(ta and tb and ta["dtype"] == tb["dtype"]),
-        }
-    only_a = [n for n in names if n in na and n not in nb]
-    only_b = [n for n in names if n in nb and n not in na]
-    shape_diff = [n for n in names if n in na and n in nb and not tensors[n]["same_shape"]]
-    dtype_diff = [n for n in names if n in na and n in nb and not tensors[n]["same_dtype"]]
-    mapping = _mapping_overlap(sa, sb, ca.get("vocab_size"), cb.get("vocab_size"))
-
-    why = []
-    for key in ("vocab_size", "hidden_size", "target_hidden_size"):
-        if ca.get(key) != cb.get(key):
-            why.append(f"{key} {ca.get(key)} vs {cb.get(key)}")
-    # A different draft vocab size only changes the mapping-sized tensors: `invoke remap` handles that.
-    resized = ca.get("draft_vocab_size") != cb.get("draft_vocab_size")
-    shape_diff_left = [n for n in shape_diff if not (resized and n in ("d2t", "lm_head.weight"))]
-    if shape_diff_left:
-        why.append(f"tensor shapes differ ({', '.join(shape_diff_left[:3])})")
-    for label, r in (("A", ra), ("B", rb)):
-        if r["errors"]:
-            codes = sorted({f["code"] for f in r["findings"] if f["severity"] == "error"})
-            why.append(f"{label} has errors ({', '.join(codes)})")
-    required_missing = [n for n in only_a + only_b if n in REQUIRED_KEYS and n != "t2d"]
-    if required_missing:
-        why.append(f"required tensors missing on one side ({', '.join(required_missing)})")
-    notes = []
-    if only_a or only_b:
-        notes.append(f"keys only in A: {only_a or 'none'}; only in B: {only_b or 'none'}")
-    if dtype_diff:
-        notes.append(f"dtypes differ for {len(dtype_diff)} tensors")
-    if ca.get("aux_layer_ids") != cb.get("aux_layer_ids"):
-        notes.append(f"aux layer ids differ: {ca.get('aux_layer_ids')} vs {cb.get('aux_layer_ids')} "
-                     "(each drafter carries its own; check the target serves both)")
-    if why:
-        verdict = "incompatible: " + "; ".join(why)
-    elif mapping.get("identical"):
-        verdict = "drop-in compatible"
-    else:
-        verdict = ("compatible after remap: " + (
-                   f"draft vocab {ca.get('draft_vocab_size')} vs {cb.get('draft_vocab_size')}, " if resized else
-                   "same shapes, but ") + "the d2t mappings differ "
-                   f"({mapping.get('position_matches')} of {mapping.get('size_a')} positions agree); "
-                   "lm_head rows must be moved by target token id before reusing weights")
-    return {
-        "a": {"path": ra["path"], "format": ra["format"], "errors": ra["errors"], "params": ra["params"]},
-        "b": {"path": rb["path"], "format": rb["format"], "errors": rb["errors"], "params": rb["params"]},
-        "config": config,
-        "tensors": tensors,
-        "only_a": only_a,
-        "only_b": only_b,
-        "shape_differences": shape_diff,
-        "dtype_differences": dtype_diff,
-        "mapping": mapping,
-        "notes": notes,
-        "verdict": verdict,
-        "compatible": not why,
-    }
-
-
-def _canonical(report: dict) -> dict[str, dict]:
-    out = {}
-    for stored, t in report["tensors"].items():
-        canon = stored
-        if report["format"] == "speculators" and canon.startswith("layers.0."):
-            canon = "midlayer." + canon[len("layers.0."):]
-        elif canon.startswith("model."):
-            canon = canon[len("model."):]
-        out[canon] = t
-    return out
-
-
-def _mapping_overlap(sa, sb, vocab_a, vocab_b) -> dict:
-    """Overlap of the two mappings, through ``vocab.compare_mappings`` (one implementation)."""
-    if sa is None or sb is None or not isinstance(vocab_a, int) or vocab_a != vocab_b:
-        return {"available": False}
-    import torch
-
-    from eaglekb.data import vocab as V
-    from eaglekb.io.errors import EaglekbError
-
-    def mapping(selected, label):
-        ids = torch.tensor(selected, dtype=torch.int64)
-        return V.Mapping(d2t=ids - torch.arange(ids.numel(), dtype=torch.int64), vocab_size=vocab_a, source=label)
-
-    try:
-        doc = V.compare_mappings(mapping(sa, "A"), mapping(sb, "B"))
-    except (EaglekbError, IndexError, RuntimeError):  # an invalid mapping: inspect's findings say why
-        return {"available": False}
-    return {
-        "available": True,
-        "size_a": len(sa),
-        "size_b": len(sb),
-        "position_matches": doc["position_matches"],
-        "position_match_pct": round(doc["position_match_pct"], 2),
-        "set_overlap": doc["set_overlap"],
-        "jaccard": round(doc["jaccard"], 4),
-        "longest_matching_run": doc["longest_matching_run"],
-        "shared_shifted": doc["shared_shifted"],
-        "identical": doc["identical"],
-        "explanation": doc["explanation"],
-    }
-
 
 # ----------------------------------------------------------------------------- text
 
@@ -526,28 +412,4 @@ def render_inspection(report: dict) -> str:
         lines.append(f"  [{f['severity']}] {f['code']}: {f['message']}")
     verdict = "OK: no errors" if report["ok"] else f"FAIL: {report['errors']} error(s)"
     lines.append(f"{verdict}, {report['warnings']} warning(s)")
-    return "\n".join(lines)
-
-
-def render_comparison(report: dict) -> str:
-    lines = [f"A: {report['a']['path']} [{report['a']['format']}]",
-             f"B: {report['b']['path']} [{report['b']['format']}]", "config:"]
-    for k, v in report["config"].items():
-        mark = " " if v["same"] else "*"
-        lines.append(f" {mark} {k:<26} {str(v['a']):<20} {v['b']}")
-    lines.append("tensors:")
-    for n, t in report["tensors"].items():
-        fa = f"{t['a']['shape']} {t['a']['dtype']}" if t["a"] else "absent"
-        fb = f"{t['b']['shape']} {t['b']['dtype']}" if t["b"] else "absent"
-        mark = " " if (t["same_shape"] and t["same_dtype"]) else "*"
-        lines.append(f" {mark} {n:<42} {fa:<24} {fb}")
-    m = report["mapping"]
-    if m.get("available"):
-        lines.append(f"mapping: {m['position_matches']}/{m['size_a']} positions match "
-                     f"({m['position_match_pct']}%), set overlap {m['set_overlap']}, Jaccard {m['jaccard']}")
-        if m.get("explanation"):
-            lines.append(f"mapping: {m['explanation']}")
-    for note in report["notes"]:
-        lines.append(f"note: {note}")
-    lines.append(f"verdict: {report['verdict']}")
     return "\n".join(lines)

@@ -3,8 +3,9 @@
 Owns: reading ``baselines/**/*.json`` at a git revision (or the working tree),
 pairing files across the two revisions (added, removed, changed, renamed), the
 per-metric comparison against the recorded noise (or a relative threshold) with
-the metric's better direction, config / environment / series differences, and
-the Markdown, text and JSON renderings of the result.
+the metric's better direction, and config / environment / series differences, as
+one ``DiffReport``. Its Markdown, text and JSON renderings live in
+``eaglekb.kb.diff_render``.
 
 Unlike ``dvc metrics diff``: lists in config are compared element by element
 (``path.0``, ``path.1`` ...), each change is judged against the noise the
@@ -17,15 +18,14 @@ Knows nothing about the task runner or the docs tool; reads git through the
 
 from __future__ import annotations
 
-import json
 import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
-from eaglekb.kb import baselines as _b
 from eaglekb.io.errors import BadInput, EaglekbError, Unavailable
+from eaglekb.io.files import flatten
+from eaglekb.kb.baselines import allowed_delta, find_root
+from eaglekb.kb.schema import Baseline, Direction, Series, StrictModel, direction, parse
 
 #: The revision value meaning "the files on disk now" (the default for REV_B).
 WORKTREE = "WORKTREE"
@@ -33,17 +33,11 @@ WORKTREE = "WORKTREE"
 FAIL_ON = ("regression", "change", "none")
 
 Flag = Literal["regression", "improvement", "changed", "within-noise"]
-FLAG_MARK = {"regression": "⚠️ regression", "improvement": "✅ improvement",
-             "changed": "🔶 changed", "within-noise": "within noise"}
 _EPS = 1e-12
 _MISSING = object()
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class MetricChange(_Model):
+class MetricChange(StrictModel):
     path: str  # dotted path within metrics
     old: float
     new: float
@@ -51,18 +45,18 @@ class MetricChange(_Model):
     rel: float | None  # delta / |old|; None when old is 0
     allowed: float  # |delta| above this is flagged
     basis: Literal["noise", "threshold"]  # where `allowed` came from
-    direction: _b.Direction  # which way is better
+    direction: Direction  # which way is better
     flag: Flag
 
 
-class ValueChange(_Model):
+class ValueChange(StrictModel):
     path: str  # dotted path; list items as path.0, path.1 ...
     change: Literal["added", "removed", "changed"]
     old: Any = None
     new: Any = None
 
 
-class SeriesChange(_Model):
+class SeriesChange(StrictModel):
     name: str
     x: str  # what the keys count, at REV_B (REV_A when removed)
     change: Literal["added", "removed", "changed"]
@@ -76,7 +70,7 @@ class SeriesChange(_Model):
     notes: list[str] = []  # x label or unit changed
 
 
-class BaselineChange(_Model):
+class BaselineChange(StrictModel):
     id: str  # KIND/NAME at REV_B (at REV_A when removed)
     status: Literal["added", "removed", "changed", "renamed"]
     old_path: str | None
@@ -94,7 +88,7 @@ class BaselineChange(_Model):
         return sum(m.flag == flag for m in self.metrics)
 
 
-class Problem(_Model):
+class Problem(StrictModel):
     revision: str
     path: str
     error: str  # one line
@@ -103,7 +97,7 @@ class Problem(_Model):
         return f"{self.revision}: {self.path}: {self.error}"
 
 
-class DiffReport(_Model):
+class DiffReport(StrictModel):
     rev_a: str  # as given, or "merge-base of main" / "HEAD" when defaulted
     rev_b: str
     commit_a: str | None  # None for the working tree
@@ -218,13 +212,13 @@ def _read_worktree(root: Path) -> tuple[dict[str, str], list[Problem]]:
     return texts, problems
 
 
-def _parse_all(texts: dict[str, str], label: str) -> tuple[dict[str, _b.Baseline], list[Problem]]:
-    parsed: dict[str, _b.Baseline] = {}
+def _parse_all(texts: dict[str, str], label: str) -> tuple[dict[str, Baseline], list[Problem]]:
+    parsed: dict[str, Baseline] = {}
     problems: list[Problem] = []
     for path, text in texts.items():
         parts = path.split("/")
         try:
-            baseline = _b.parse(text, path)
+            baseline = parse(text, path)
         except EaglekbError as exc:
             problems.append(Problem(revision=label, path=path, error=exc.line()))
             continue
@@ -236,7 +230,7 @@ def _parse_all(texts: dict[str, str], label: str) -> tuple[dict[str, _b.Baseline
     return parsed, problems
 
 
-def read_revision(root: Path, rev: str, where: str = "REV") -> tuple[str | None, dict[str, _b.Baseline], list[Problem]]:
+def read_revision(root: Path, rev: str, where: str = "REV") -> tuple[str | None, dict[str, Baseline], list[Problem]]:
     """(commit or None for the working tree, baselines by path, problems) at one revision."""
     if rev == WORKTREE:
         texts, problems = _read_worktree(root)
@@ -291,15 +285,15 @@ def _leaves(value: Any, prefix: str) -> dict[str, Any]:
     return {(prefix + p).rstrip("."): v for p, v in flat.items()}
 
 
-def metric_change(path: str, a: float, b: float, new: _b.Baseline, threshold_rel: float | None) -> MetricChange:
+def metric_change(path: str, a: float, b: float, new: Baseline, threshold_rel: float | None) -> MetricChange:
     """One metric, ``a`` at REV_A and ``b`` at REV_B, judged against the noise the REV_B
     baseline records (or the threshold), in the direction it declares."""
     delta = b - a
     if threshold_rel is None:
-        allowed, basis = _b.allowed_delta(new, path), "noise"
+        allowed, basis = allowed_delta(new, path), "noise"
     else:
         allowed, basis = threshold_rel * abs(a), "threshold"
-    way = _b.direction(new, path)
+    way = direction(new, path)
     if abs(delta) <= allowed + _EPS * max(1.0, abs(a)):
         flag: Flag = "within-noise"
     elif way == "none":
@@ -310,7 +304,7 @@ def metric_change(path: str, a: float, b: float, new: _b.Baseline, threshold_rel
                         allowed=allowed, basis=basis, direction=way, flag=flag)
 
 
-def series_change(name: str, old: _b.Series | None, new: _b.Series | None) -> SeriesChange | None:
+def series_change(name: str, old: Series | None, new: Series | None) -> SeriesChange | None:
     if old is None or new is None:
         return SeriesChange(name=name, x=(new or old).x, change="added" if old is None else "removed",
                             points_old=len(old.points) if old else 0, points_new=len(new.points) if new else 0)
@@ -340,7 +334,7 @@ _ENV_FIELDS = ("provenance", "created_at")
 _OTHER_FIELDS = ("noise", "better", "source", "summary", "citation")
 
 
-def compare_baselines(old: _b.Baseline | None, new: _b.Baseline | None, *, old_path: str | None = None,
+def compare_baselines(old: Baseline | None, new: Baseline | None, *, old_path: str | None = None,
                       new_path: str | None = None, threshold_rel: float | None = None,
                       renamed: bool = False) -> BaselineChange | None:
     """What changed in one baseline between two revisions; None when nothing did."""
@@ -348,7 +342,7 @@ def compare_baselines(old: _b.Baseline | None, new: _b.Baseline | None, *, old_p
         raise ValueError("compare_baselines needs at least one baseline")
     if old is None or new is None:
         one = new or old
-        metrics = _b.flatten(one.metrics)
+        metrics = flatten(one.metrics)
         return BaselineChange(
             id=one.id, status="added" if old is None else "removed", old_path=old_path, new_path=new_path,
             metrics_added=metrics if old is None else {}, metrics_removed=metrics if new is None else {},
@@ -356,7 +350,7 @@ def compare_baselines(old: _b.Baseline | None, new: _b.Baseline | None, *, old_p
         )
     if not renamed and old == new:
         return None
-    a, b = _b.flatten(old.metrics), _b.flatten(new.metrics)
+    a, b = flatten(old.metrics), flatten(new.metrics)
     both = [p for p in b if p in a]
     dump_a, dump_b = old.model_dump(mode="json"), new.model_dump(mode="json")
     names = sorted(set(old.series) | set(new.series))
@@ -373,11 +367,11 @@ def compare_baselines(old: _b.Baseline | None, new: _b.Baseline | None, *, old_p
     )
 
 
-def _same_apart_from_name(a: _b.Baseline, b: _b.Baseline) -> bool:
+def _same_apart_from_name(a: Baseline, b: Baseline) -> bool:
     return a.model_dump(exclude={"name"}) == b.model_dump(exclude={"name"})
 
 
-def _pair_renames(removed: dict[str, _b.Baseline], added: dict[str, _b.Baseline]) -> list[tuple[str, str]]:
+def _pair_renames(removed: dict[str, Baseline], added: dict[str, Baseline]) -> list[tuple[str, str]]:
     """(old path, new path) for removed+added files of one kind with identical content apart
     from the name (preferred) or an identical config."""
     pairs: list[tuple[str, str]] = []
@@ -402,7 +396,7 @@ def diff(rev_a: str | None = None, rev_b: str | None = None, *, root: Path | Non
     replaces the recorded noise as the allowance for every metric. Files that fail
     the schema at a revision become ``problems``; the rest is still compared.
     """
-    root = Path(root) if root else _b.find_root()
+    root = Path(root) if root else find_root()
     if threshold_rel is not None and not threshold_rel >= 0:
         raise BadInput("threshold must be >= 0", where="--threshold", expected="a percentage >= 0",
                        found=repr(threshold_rel))
@@ -435,119 +429,3 @@ def diff(rev_a: str | None = None, rev_b: str | None = None, *, root: Path | Non
     changes += [compare_baselines(b, None, old_path=p) for p, b in sorted(removed.items())]
     return DiffReport(rev_a=name_a, rev_b=rev_b, commit_a=commit_a, commit_b=commit_b,
                       threshold_rel=threshold_rel, changes=changes, problems=problems, unchanged=unchanged)
-
-
-# --------------------------------------------------------------------------- rendering
-
-
-def _num(v: float | None) -> str:
-    return "–" if v is None else f"{v:.6g}"
-
-
-def _val(v: Any, width: int = 60) -> str:
-    text = v if isinstance(v, str) else json.dumps(v)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _cell(v: Any) -> str:
-    return "`" + _val(v).replace("|", "\\|").replace("`", "'") + "`"
-
-
-def _rel(r: float | None) -> str:
-    return "–" if r is None else f"{r * 100:+.2f}%"
-
-
-def _value_rows(items: list[ValueChange]) -> list[str]:
-    rows = ["| key | old | new |", "|---|---|---|"]
-    for c in items:
-        old = "*(absent)*" if c.change == "added" else _cell(c.old)
-        new = "*(absent)*" if c.change == "removed" else _cell(c.new)
-        rows.append(f"| `{c.path}` | {old} | {new} |")
-    return rows
-
-
-def _details(title: str, items: list[ValueChange]) -> list[str]:
-    if not items:
-        return []
-    return ["", f"<details><summary>{title} ({len(items)})</summary>", "", *_value_rows(items), "", "</details>"]
-
-
-def _heading(c: BaselineChange) -> str:
-    if c.status == "renamed":
-        return f"### `{c.old_path}` → `{c.new_path}` (renamed)"
-    flags = [FLAG_MARK[f] for f in ("regression", "improvement", "changed") if c.count(f)]
-    return f"### `{c.id}` ({c.status})" + (" — " + ", ".join(flags) if flags else "")
-
-
-def to_markdown(report: DiffReport) -> str:
-    """A pull-request comment: summary, one table per changed baseline, details folded."""
-    out = [f"## Baselines diff: {report.label('a')} → {report.label('b')}", "",
-           f"**{report.count('regression')} regression(s) ⚠️, {report.count('improvement')} improvement(s) ✅"
-           + (f", {report.count('changed')} other change(s) beyond noise 🔶" if report.count("changed") else "")
-           + f"** — baselines: {report.tally()}"]
-    if report.threshold_rel is not None:
-        out.append(f"\nFlagged when |Δ| > {report.threshold_rel * 100:g}% of the old value (--threshold).")
-    else:
-        out.append("\nFlagged when |Δ| exceeds the noise the baseline records (max of tolerances and spread).")
-    if report.problems:
-        out += ["", "### Unreadable baselines", ""]
-        out += [f"- **{p.revision}** `{p.path}`: {p.error}" for p in report.problems]
-    for c in report.changes:
-        out += ["", _heading(c)]
-        if c.metrics:
-            out += ["", "| metric | old | new | Δ | Δ% | noise ± | |", "|---|---:|---:|---:|---:|---:|---|"]
-            out += [f"| `{m.path}` | {_num(m.old)} | {_num(m.new)} | {m.delta:+.4g} | {_rel(m.rel)} "
-                    f"| {_num(m.allowed)} | {FLAG_MARK[m.flag]} |" for m in c.metrics]
-        for title, values in (("Metrics added", c.metrics_added), ("Metrics removed", c.metrics_removed)):
-            if values and c.status in ("added", "removed"):
-                out += ["", "| metric | value |", "|---|---:|", *(f"| `{p}` | {_num(v)} |" for p, v in values.items())]
-            elif values:
-                out += ["", f"{title}: " + ", ".join(f"`{p}` = {_num(v)}" for p, v in values.items())]
-        for s in c.series:
-            out += ["", f"Series `{s.name}`: {_series_text(s)}"]
-        if c.status in ("changed", "renamed") and not (c.metrics or c.metrics_added or c.metrics_removed):
-            out += ["", f"Metrics unchanged ({c.metrics_unchanged})."]
-        out += _details("Config changes", c.config) if c.status in ("changed", "renamed") else \
-            _details("Config", c.config)
-        out += _details("Environment and provenance changes", c.environment)
-        out += _details("Noise, direction and description changes", c.other)
-    return "\n".join(out) + "\n"
-
-
-def _series_text(s: SeriesChange) -> str:
-    if s.change != "changed":
-        return f"{s.change} ({s.points_new or s.points_old} points)"
-    parts = [f"{s.points_changed} point(s) changed"]
-    if s.max_abs_change is not None:
-        parts.append(f"max |Δ| {s.max_abs_change:.4g} at {s.x} {s.max_at}")
-    if s.points_added or s.points_removed:
-        parts.append(f"{s.points_added} added, {s.points_removed} removed")
-    return "; ".join(parts + s.notes)
-
-
-def to_text(report: DiffReport) -> str:
-    """Plain lines for a terminal."""
-    lines = [report.summary()]
-    lines += [f"unreadable: {p.line()}" for p in report.problems]
-    for c in report.changes:
-        lines.append(f"{c.status}: {c.old_path} → {c.new_path}" if c.status == "renamed" else f"{c.status}: {c.id}")
-        for m in c.metrics:
-            lines.append(f"  {m.path}: {_num(m.old)} → {_num(m.new)} ({m.delta:+.4g}, {_rel(m.rel)}; "
-                         f"noise ±{_num(m.allowed)}) {m.flag}")
-        lines += [f"  metric added {p} = {_num(v)}" for p, v in c.metrics_added.items()]
-        lines += [f"  metric removed {p} = {_num(v)}" for p, v in c.metrics_removed.items()]
-        lines += [f"  series {s.name}: {_series_text(s)}" for s in c.series]
-        for title, items in (("config", c.config), ("env", c.environment), ("other", c.other)):
-            if c.status in ("changed", "renamed"):
-                lines += [f"  {title} {v.path}: {_val(v.old, 40)} → {_val(v.new, 40)}" if v.change == "changed"
-                          else f"  {title} {v.path} {v.change}: {_val(v.new if v.change == 'added' else v.old, 40)}"
-                          for v in items]
-    return "\n".join(lines)
-
-
-def to_json(report: DiffReport) -> dict[str, Any]:
-    """The report as one JSON-ready document (with the summary and flag counts)."""
-    doc = report.model_dump(mode="json")
-    doc["summary"] = report.summary()
-    doc["counts"] = {f: report.count(f) for f in ("regression", "improvement", "changed", "within-noise")}
-    return doc

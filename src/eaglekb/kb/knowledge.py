@@ -15,8 +15,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from eaglekb.kb.baselines import Baseline, flatten
 from eaglekb.io.errors import DocsError, SchemaError
+from eaglekb.io.files import flatten
+from eaglekb.kb.schema import Baseline
 
 Status = Literal["open", "confirmed", "refuted", "superseded", "contested"]
 STATUSES: tuple[str, ...] = ("open", "confirmed", "refuted", "superseded", "contested")

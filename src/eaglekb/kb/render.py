@@ -12,8 +12,10 @@ import io
 import math
 from typing import Any, Iterable
 
-from eaglekb.kb.baselines import UNITS, Baseline, direction, flatten, unit_of
 from eaglekb.io.errors import DocsError
+from eaglekb.io.files import flatten
+from eaglekb.kb.schema import UNITS, Baseline, direction, unit_of
+from eaglekb.measure.viability import expected_accept_len
 
 
 def fmt(value: float, unit: str | None = None) -> str:
@@ -222,8 +224,6 @@ def overlay_svg(baselines: list[Baseline], name: str) -> str:
 def viability_svg(baseline: Baseline, max_steps: int = 7) -> str:
     """Accept length against per-step acceptance for chains of 1..max_steps, with break-even
     and the plan's accept length: the finite-chain ceiling made visible."""
-    from eaglekb.measure.viability import expected_accept_len
-
     cfg = baseline.config
     breakeven = metric_value(baseline, "breakeven_len")
     plt = _pyplot()

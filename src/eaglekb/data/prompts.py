@@ -1,0 +1,196 @@
+"""Prompt files and prompt sets: the one reader and writer, the training and evaluation sets.
+
+Owns:
+
+* the prompt file formats, read with one set of one-line errors (the file and line
+  number, what was expected) and written atomically:
+
+  - a *prompts file*: JSON lines with ``"prompt"`` or ``"messages"``, or plain text,
+    one prompt per line (``read_prompts_file`` / ``write_prompts_file``);
+  - a *prompt-sets file*: JSON lines ``{"set", "id", "messages"}`` with a
+    ``.manifest.json`` beside it holding each set's manifest (``read_prompt_sets`` /
+    ``write_prompt_sets``; the story's A / B / eval prompts);
+
+* ``training_prompts``: the training set of a datagen run, a corpus mix (train splits)
+  or a prompts file, checked disjoint from every evaluation set;
+* ``eval_prompts``: an evaluation set by name (``builtin``, a held-out corpora set
+  such as ``gsm8k-eval``, or a prompts file) for probe and bench.
+
+Knows nothing about tokenizers, models, datasets or the task runner; the corpora
+themselves (sources, splits, manifests) are ``eaglekb.data.corpora``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+from eaglekb.data import corpora
+from eaglekb.data.corpora import Prompt, PromptSet, prompts_hash
+from eaglekb.io.errors import BadInput, MissingFile
+from eaglekb.io.files import atomic_write_json, atomic_write_text, read_json
+
+#: The training corpora of ``invoke datagen`` when none is given.
+DEFAULT_CORPORA = ("wiki", "chitchat", "gsm8k")
+
+#: A few held-out prompts for tests and machines without the corpus packages.
+BUILTIN_PROMPTS = (
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the factorial of n.",
+    "Explain why the sky is blue in two sentences.",
+    "List three uses of a paperclip.",
+    "A farmer has 12 sheep and buys 7 more. How many sheep does he have?",
+    "Translate 'good morning' into Spanish and German.",
+    "Give a short definition of photosynthesis.",
+    "What are the first five prime numbers?",
+)
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _lines(path: Path, expected: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of the non-blank lines of a prompt file."""
+    if not path.is_file():
+        raise MissingFile("prompts file not found", where=str(path), expected=expected, found="nothing")
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            yield n, line
+
+
+def _row(line: str, where: str) -> dict:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise BadInput("prompts file line is not JSON", where=where, found=exc.msg) from None
+    if not isinstance(row, dict):
+        raise BadInput("prompts file line is not a JSON object", where=where, found=type(row).__name__)
+    return row
+
+
+def _messages(row: dict, where: str) -> tuple[dict[str, str], ...]:
+    if "messages" in row:
+        try:
+            return tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
+        except (KeyError, TypeError):
+            raise BadInput("prompts file messages need a role and a content", where=where,
+                           expected='[{"role": ..., "content": ...}]', found=json.dumps(row["messages"])[:80]) from None
+    if "prompt" in row:
+        return ({"role": "user", "content": str(row["prompt"])},)
+    raise BadInput("prompts file line has neither 'prompt' nor 'messages'", where=where,
+                   expected='{"prompt": ...} or {"messages": [...]}', found=", ".join(row))
+
+
+def read_prompts_file(path: str | Path) -> PromptSet:
+    """Prompts from a file: JSON lines with "prompt" or "messages", or plain text, one prompt per line."""
+    path = Path(path)
+    prompts = []
+    for n, line in _lines(path, "a prompts file (JSON lines or one prompt per line)"):
+        if line.lstrip().startswith("{"):
+            messages = _messages(_row(line, f"{path}:{n}"), f"{path}:{n}")
+        else:
+            messages = ({"role": "user", "content": line.strip()},)
+        prompts.append(Prompt(id=f"{path.name}:{n}", source=path.name, messages=messages))
+    if not prompts:
+        raise BadInput("prompts file is empty", where=str(path), expected="at least one prompt", found="none")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return PromptSet(path.stem, prompts, manifest={"source": str(path), "count": len(prompts),
+                                                    "sha256": prompts_hash(prompts), "file_sha256": digest})
+
+
+def manifest_path(path: str | Path) -> Path:
+    """The manifest beside a prompt-sets file (``NAME.manifest.json``)."""
+    return Path(path).with_suffix(".manifest.json")
+
+
+def read_prompt_sets(path: str | Path, names: Sequence[str], *,
+                     made_by: str = "a prompt-sets file") -> dict[str, PromptSet]:
+    """{set name: PromptSet} of a prompt-sets file and its manifest; every set in ``names`` must hold prompts."""
+    path = Path(path)
+    rows: dict[str, list[Prompt]] = {k: [] for k in names}
+    for n, line in _lines(path, made_by):
+        where = f"{path}:{n}"
+        row = _row(line, where)
+        if row.get("set") not in rows or not isinstance(row.get("id"), str):
+            sets = "|".join(f'"{k}"' for k in names)
+            raise BadInput("not a prompt-sets line", where=where,
+                           expected=f'{{"set": {sets}, "id": "...", "messages": [...]}}', found=line[:80])
+        rows[row["set"]].append(Prompt(id=row["id"], source=row["id"].split(":")[0], messages=_messages(row, where)))
+    empty = [k for k, v in rows.items() if not v]
+    if empty:
+        raise BadInput("a prompt set is empty", where=str(path), expected=f"prompts in sets {', '.join(names)}",
+                       found=f"none in {', '.join(empty)}")
+    man = manifest_path(path)
+    manifests = read_json(man, what="prompts manifest") if man.is_file() else {}
+    out = {}
+    for k, items in rows.items():
+        m = dict(manifests.get(k) or {"source": str(path)}, file=path.name, set=k, count=len(items),
+                 sha256=prompts_hash(items))
+        out[k] = PromptSet(f"{path.stem}-{k}", items, manifest=m)
+    return out
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def prompt_line(prompt: Prompt, set_name: str | None = None) -> str:
+    """One JSON line: ``{"messages"}``, or ``{"set", "id", "messages"}`` in a prompt-sets file."""
+    row: dict[str, Any] = {"set": set_name, "id": prompt.id} if set_name is not None else {}
+    row["messages"] = list(prompt.messages)
+    return json.dumps(row, ensure_ascii=False) + "\n"
+
+
+def write_prompts_file(path: str | Path, prompts: Iterable[Prompt]) -> Path:
+    """Write a prompts file (``{"messages": [...]}`` per line) atomically."""
+    return atomic_write_text(path, "".join(prompt_line(p) for p in prompts))
+
+
+def write_prompt_sets(path: str | Path, sets: dict[str, PromptSet]) -> Path:
+    """Write a prompt-sets file and its manifest (each set's manifest) atomically."""
+    atomic_write_text(path, "".join(prompt_line(p, name) for name, ps in sets.items() for p in ps.prompts))
+    atomic_write_json(manifest_path(path), {name: ps.manifest for name, ps in sets.items()})
+    return Path(path)
+
+
+# ----------------------------------------------------------------------------- prompt sets
+
+
+def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int = 20, prompts_file: str | None = None,
+                     seed: int = 0) -> PromptSet:
+    """The training prompt set: a corpus mix (train splits) or a prompts file, checked against the eval sets."""
+    if prompts_file:
+        ps = read_prompts_file(prompts_file)
+    else:
+        names = list(corpus or DEFAULT_CORPORA)
+        bad = [n for n in names if n in corpora.EVAL_SETS or (n in corpora.SOURCES and corpora.SOURCES[n].eval_only)]
+        if bad:
+            raise BadInput("evaluation set asked for as training data", where="--corpus",
+                           expected=", ".join(n for n in corpora.SOURCES if not corpora.SOURCES[n].eval_only),
+                           found=bad[0], fix="evaluation prompts never go into training")
+        ps = corpora.mix(names, per_source=per_source, seed=seed)
+    for name in corpora.EVAL_SETS:
+        corpora.check_disjoint(ps, corpora.load(name, split="eval"))
+    ps.manifest["eval_sets_excluded"] = list(corpora.EVAL_SETS)
+    return ps
+
+
+def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
+    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a prompts file."""
+    if num is not None and num < 1:
+        raise BadInput("number of prompts must be positive", where="--num-prompts", expected=">= 1", found=str(num))
+    if spec == "builtin":
+        items = [Prompt(id=f"builtin:{i}", source="builtin", messages=({"role": "user", "content": t},))
+                 for i, t in enumerate(BUILTIN_PROMPTS)][:num]
+        return PromptSet("builtin", items, manifest={"source": "builtin", "count": len(items),
+                                                     "sha256": prompts_hash(items)})
+    if Path(spec).is_file():
+        s = read_prompts_file(spec)
+        s.prompts = s.prompts[:num] if num else s.prompts
+        s.manifest["count"] = len(s.prompts)
+        return s
+    if spec in corpora.EVAL_SETS:
+        return corpora.load(spec, split="eval", limit=num)
+    raise BadInput("unknown prompt set", where="--prompts",
+                   expected="builtin, " + ", ".join(corpora.EVAL_SETS) + " (held out) or a prompts file",
+                   found=repr(spec))

@@ -1,0 +1,329 @@
+"""The EAGLE-3 drafter checkpoint format: config.json fields, tensor names, reading and writing files.
+
+Owns: ``DrafterConfig`` (the fields of SGLang/SpecForge's ``LlamaForCausalLMEagle3``
+config.json) and its JSON (de)serialisation in both on-disk formats:
+
+* ``sglang`` (SpecForge / SGLang "legacy EAGLE-3"): config.json with
+  ``architectures: ["LlamaForCausalLMEagle3"]`` and weights ``fc``, ``midlayer.*``,
+  ``norm``, ``lm_head``, ``d2t``, ``t2d`` (``embed_tokens`` optional).
+* ``speculators`` (vLLM speculators): config.json with ``speculators_model_type:
+  "eagle3"``, ``transformer_layer_config`` and ``speculators_config``; the decoder
+  layer is stored as ``layers.0.*``.
+
+plus the tensor-name constants, the name conversions between the two, and the files:
+``read_config_json`` / ``read_config``, ``weight_files``, ``read_tensors``, and
+``write_drafter_files`` (config.json + model.safetensors, each written atomically).
+
+Layer ids: eaglekb keeps ``aux_layer_ids`` in SGLang's config convention (SGLang
+captures ``id + 1``). Speculators configs are read by vLLM as capture points
+(no shift), so export writes ``id + 1`` and import subtracts 1: the drafter sees
+the same hidden states in both runtimes.
+
+Sources checked (see docs/reference/drafter-format.md): SpecForge
+``specforge/modeling/draft/llama3_eagle.py``, SGLang
+``python/sglang/srt/models/llama_eagle3.py``, speculators
+``src/speculators/models/eagle3/{config,model_definitions}.py``.
+
+Knows nothing about the torch module (``eaglekb.models.drafter`` builds it from these
+files), targets, training or the task runner. Safetensors only; no pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
+from eaglekb.io.files import atomic_save_safetensors, atomic_write_json, read_json, read_safetensors
+
+SGLANG_ARCH = "LlamaForCausalLMEagle3"
+SPECULATORS_ARCH = "Eagle3Speculator"
+FORMATS = ("sglang", "speculators")
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+MIDLAYER_KEYS = (
+    "input_layernorm.weight",
+    "hidden_norm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+)
+REQUIRED_KEYS = ("fc.weight", *(f"midlayer.{k}" for k in MIDLAYER_KEYS), "norm.weight",
+                 "lm_head.weight", "d2t", "t2d")
+OPTIONAL_KEYS = ("embed_tokens.weight",)
+
+# Standard HF / SpecForge config.json fields a drafter config may carry without effect here.
+_PASSIVE_FIELDS = {
+    "architectures", "model_type", "num_hidden_layers", "torch_dtype", "dtype", "eagle_config",
+    "bos_token_id", "eos_token_id", "pad_token_id", "initializer_range", "pretraining_tp",
+    "use_cache", "attention_bias", "attention_dropout", "mlp_bias", "rope_scaling",
+    "rope_parameters", "transformers_version", "tie_word_embeddings", "_name_or_path",
+    "bias", "hidden_act", "head_dim", "target_hidden_size", "rope_theta", "draft_vocab_size",
+}
+
+
+@dataclass
+class DrafterConfig:
+    """Shape and numerics of one EAGLE-3 drafter (one decoder layer)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int  # the target's vocabulary
+    draft_vocab_size: int
+    target_hidden_size: int | None = None  # None: same as hidden_size
+    head_dim: int | None = None  # None: hidden_size // num_attention_heads
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    hidden_act: str = "silu"
+    torch_dtype: str = "bfloat16"
+    aux_layer_ids: list[int] | None = None  # SGLang config convention (capture point = id + 1)
+    extra: dict[str, Any] = field(default_factory=dict)  # passive fields kept for round trips
+
+    @property
+    def fc_in(self) -> int:
+        return 3 * (self.target_hidden_size or self.hidden_size)
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    # -- SGLang / SpecForge config.json
+
+    def _layer_json(self) -> dict:
+        """The one Llama decoder layer's fields, the same in both formats."""
+        return {
+            "model_type": "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.dim_head,
+            "num_hidden_layers": 1,
+            "vocab_size": self.vocab_size,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": self.hidden_act,
+            "tie_word_embeddings": False,  # SGLang ties lm_head to embed_tokens when true
+        }
+
+    def to_sglang_json(self) -> dict:
+        doc = dict(self.extra)
+        doc.update(self._layer_json())
+        doc.update({
+            "architectures": [SGLANG_ARCH],
+            "draft_vocab_size": self.draft_vocab_size,
+            "rope_scaling": None,
+            "torch_dtype": self.torch_dtype,
+            "target_hidden_size": self.target_hidden_size or self.hidden_size,
+        })
+        if self.aux_layer_ids is not None:
+            doc["eagle_config"] = {
+                "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
+                "use_aux_hidden_state": True,
+            }
+        return doc
+
+    @classmethod
+    def from_sglang_json(cls, doc: dict, where: str = "config.json") -> "DrafterConfig":
+        arch = doc.get("architectures") or []
+        if SGLANG_ARCH not in arch:
+            raise SchemaError("unknown drafter architecture", where=f"{where}:architectures",
+                              expected=f"[{SGLANG_ARCH!r}] or a speculators config",
+                              found=repr(arch))
+        own = {f.name for f in fields(cls)} - {"extra", "aux_layer_ids"}
+        unknown = sorted(set(doc) - own - _PASSIVE_FIELDS)
+        if unknown:
+            raise SchemaError("unknown config field", where=f"{where}:{unknown[0]}",
+                              expected="a LlamaForCausalLMEagle3 field", found=repr(unknown[0]),
+                              fix="remove or rename it (SGLang would ignore it silently)")
+        kwargs = {k: doc[k] for k in own if k in doc and k != "torch_dtype"}
+        kwargs["torch_dtype"] = str(doc.get("torch_dtype") or doc.get("dtype") or "bfloat16")
+        rope = doc.get("rope_parameters") or {}
+        if "rope_theta" not in doc and "rope_theta" in rope:
+            kwargs["rope_theta"] = rope["rope_theta"]
+        _check_rope(doc, where)
+        eagle = doc.get("eagle_config") or {}
+        ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+        extra = {k: v for k, v in doc.items() if k in _PASSIVE_FIELDS and k not in _WRITTEN}
+        return _build(cls, kwargs, ids, extra, where)
+
+    # -- speculators config.json
+
+    def to_speculators_json(self, *, verifier: str | None = None, speculative_tokens: int = 3) -> dict:
+        layer = {**self._layer_json(), "architectures": ["LlamaForCausalLM"]}
+        return {
+            "architectures": [SPECULATORS_ARCH],
+            "speculators_model_type": "eagle3",
+            "draft_vocab_size": self.draft_vocab_size,
+            "norm_before_residual": False,
+            "target_hidden_size": self.target_hidden_size or self.hidden_size,
+            # vLLM reads these as capture points: SGLang ids + 1 keep the same hidden states.
+            "eagle_aux_hidden_state_layer_ids": (
+                [i + 1 for i in self.aux_layer_ids] if self.aux_layer_ids is not None else None
+            ),
+            "embed_requires_grad": False,
+            "torch_dtype": self.torch_dtype,
+            "transformer_layer_config": layer,
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{
+                    "proposal_type": "greedy",
+                    "speculative_tokens": speculative_tokens,
+                    "accept_tolerance": 0.0,
+                    "verifier_accept_k": 1,
+                }],
+                "verifier": {"name_or_path": verifier, "architectures": []},
+            },
+        }
+
+    @classmethod
+    def from_speculators_json(cls, doc: dict, where: str = "config.json") -> "DrafterConfig":
+        if doc.get("speculators_model_type") != "eagle3":
+            raise SchemaError("not an EAGLE-3 speculators config", where=f"{where}:speculators_model_type",
+                              expected="'eagle3'", found=repr(doc.get("speculators_model_type")))
+        if doc.get("norm_before_residual"):
+            raise Incompatible("norm_before_residual=true is not the SGLang layout",
+                               where=f"{where}:norm_before_residual", expected="false", found="true")
+        layer = doc.get("transformer_layer_config")
+        if not isinstance(layer, dict):
+            raise SchemaError("missing transformer_layer_config", where=where,
+                              expected="an object", found=repr(type(layer).__name__))
+        _check_rope(layer, f"{where}:transformer_layer_config")
+        own = {f.name for f in fields(cls)} - {"extra", "aux_layer_ids", "draft_vocab_size",
+                                              "target_hidden_size", "torch_dtype"}
+        kwargs = {k: layer[k] for k in own if k in layer}
+        rope = layer.get("rope_parameters") or {}
+        if "rope_theta" not in layer and "rope_theta" in rope:
+            kwargs["rope_theta"] = rope["rope_theta"]
+        kwargs["draft_vocab_size"] = doc.get("draft_vocab_size")
+        kwargs["target_hidden_size"] = doc.get("target_hidden_size")
+        kwargs["torch_dtype"] = str(doc.get("torch_dtype") or doc.get("dtype") or "bfloat16")
+        points = doc.get("eagle_aux_hidden_state_layer_ids")
+        ids = [int(p) - 1 for p in points] if points is not None else None
+        return _build(cls, kwargs, ids, {}, where)
+
+
+_WRITTEN = {"architectures", "model_type", "num_hidden_layers", "torch_dtype", "dtype", "eagle_config",
+            "rope_scaling", "rope_parameters", "tie_word_embeddings", "head_dim", "hidden_act",
+            "target_hidden_size", "rope_theta", "draft_vocab_size", "_name_or_path",
+            "transformers_version"}
+
+
+def _check_rope(doc: dict, where: str) -> None:
+    """eaglekb's drafter implements default RoPE only; refuse scaled RoPE rather than run it wrong."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = doc.get(key)
+        kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+        if kind not in (None, "default"):
+            raise Incompatible("unsupported RoPE scaling", where=f"{where}:{key}",
+                               expected="null or default RoPE", found=repr(kind))
+
+
+def _build(cls, kwargs: dict, ids, extra: dict, where: str) -> DrafterConfig:
+    required = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+                "vocab_size", "draft_vocab_size")
+    for key in required:
+        value = kwargs.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise SchemaError("missing or invalid config field", where=f"{where}:{key}",
+                              expected="a positive integer", found=repr(value))
+    if ids is not None and (not isinstance(ids, list) or len(ids) != 3):
+        raise SchemaError("invalid aux layer ids", where=f"{where}:eagle_aux_hidden_state_layer_ids",
+                          expected="a list of 3 integers", found=repr(ids))
+    return cls(**kwargs, aux_layer_ids=[int(i) for i in ids] if ids is not None else None, extra=extra)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_config_json(path: str | Path) -> dict:
+    """The raw ``config.json`` object of a model or drafter folder, with one-line errors."""
+    cfg_path = Path(path) / CONFIG_FILE
+    doc = read_json(cfg_path, what="drafter config.json")
+    if not isinstance(doc, dict):
+        raise SchemaError("config.json is not an object", where=str(cfg_path),
+                          expected="a JSON object", found=type(doc).__name__)
+    return doc
+
+
+def read_config(path: str | Path) -> tuple[DrafterConfig, str]:
+    """Parse ``config.json`` of a drafter folder; returns (config, format)."""
+    cfg_path = Path(path) / CONFIG_FILE
+    doc = read_config_json(path)
+    if "speculators_model_type" in doc:
+        return DrafterConfig.from_speculators_json(doc, str(cfg_path)), "speculators"
+    return DrafterConfig.from_sglang_json(doc, str(cfg_path)), "sglang"
+
+
+def weight_files(path: str | Path) -> list[Path]:
+    """Every ``*.safetensors`` file of a drafter folder, sorted; none is a one-line error."""
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise MissingFile("no safetensors weights in drafter folder", where=str(folder),
+                          expected=WEIGHTS_FILE, found=", ".join(sorted(p.name for p in folder.iterdir()))
+                          or "an empty folder",
+                          fix="pytorch_model.bin is not read (no pickle); convert it to safetensors")
+    return files
+
+
+def read_tensors(path: str | Path) -> dict:
+    """All tensors of a drafter folder (every ``*.safetensors``), with corrupt files named."""
+    out: dict = {}
+    for file in weight_files(path):
+        tensors = read_safetensors(file)
+        dup = set(out) & set(tensors)
+        if dup:
+            raise IntegrityError("tensor stored twice", where=str(file), found=sorted(dup)[0])
+        out.update(tensors)
+    return out
+
+
+def read_drafter_files(path: str | Path) -> tuple[DrafterConfig, dict]:
+    """The config and all tensors of a drafter folder in either format, tensors under SGLang names."""
+    cfg, _fmt = read_config(path)
+    return cfg, to_sglang_names(read_tensors(path))
+
+
+def to_sglang_names(tensors: dict) -> dict:
+    """``layers.0.*`` (speculators) -> ``midlayer.*`` (SGLang); other names unchanged."""
+    return {("midlayer." + k[len("layers.0."):]) if k.startswith("layers.0.") else k: v
+            for k, v in tensors.items()}
+
+
+def to_speculators_names(tensors: dict) -> dict:
+    """``midlayer.*`` (SGLang) -> ``layers.0.*`` (speculators); other names unchanged."""
+    return {("layers.0." + k[len("midlayer."):]) if k.startswith("midlayer.") else k: v
+            for k, v in tensors.items()}
+
+
+def write_drafter_files(folder: str | Path, config: DrafterConfig, state: dict, *, format: str = "sglang",
+                        verifier: str | None = None) -> Path:
+    """Write ``model.safetensors`` then ``config.json`` in ``format``; ``state`` under SGLang names.
+
+    Each file is written atomically (temp file, fsync, rename), weights first, so a
+    reader never sees a config.json without its weights.
+    """
+    if format not in FORMATS:
+        raise BadInput("unknown drafter format", where="format", expected=" or ".join(FORMATS), found=repr(format))
+    folder = Path(folder)
+    if format == "sglang":
+        doc = config.to_sglang_json()
+    else:
+        doc = config.to_speculators_json(verifier=verifier)
+        state = to_speculators_names(state)
+    atomic_save_safetensors(folder / WEIGHTS_FILE, state, metadata={"format": "pt"})
+    atomic_write_json(folder / CONFIG_FILE, doc)
+    return folder

@@ -1,0 +1,177 @@
+"""The dataset format: safetensors shards of packed sequences, a manifest, the target's head.
+
+A dataset folder holds ``manifest.json`` (format name and version, the identity of the
+run that made it, one entry per shard: sequences, tokens, loss tokens, bytes, sha256),
+``shard-NNNNN.safetensors`` files and, with stored features, ``target_head.safetensors``
+(``embed_tokens.weight``, plus ``lm_head.weight`` when untied). A shard packs its
+sequences end to end: ``input_ids`` (int32), ``loss_mask`` (uint8), optionally
+``aux_hidden``, ``final_hidden`` and ``target_argmax``, one row per token, and
+``offsets`` (int64, sequences + 1) where each sequence starts.
+
+Owns: reading (``read_manifest``, ``read_shard_tensor``, ``open_dataset`` -> ``Dataset``
+with lazy, memory-mapped per-sequence reads, checked against the manifest by size or
+sha256) and writing one shard file atomically (``write_shard``). Every read and write
+goes through ``eaglekb.io.files`` (one error conversion for unreadable files).
+
+Knows nothing about targets, generation, features or training: it stores tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from eaglekb.io.errors import IntegrityError, MissingFile, SchemaError
+from eaglekb.io.files import atomic_save_safetensors, read_json, read_safetensors, safetensors_keys
+
+FORMAT = "eaglekb-eagle3-data"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+HEAD_FILE = "target_head.safetensors"
+SHARD_GLOB = "shard-*.safetensors"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The dataset manifest of ``folder`` (None when there is none); another format is one line."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    doc = read_json(path, what="dataset manifest")
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SchemaError("not an eaglekb dataset manifest", where=str(path), expected=FORMAT,
+                          found=repr(doc.get("format") if isinstance(doc, dict) else type(doc).__name__))
+    return doc
+
+
+def read_shard_tensor(file: Path, name: str):
+    """One whole tensor of a shard; a truncated or corrupt shard is one IntegrityError line."""
+    return read_safetensors(file, keys=[name])[name]
+
+
+def write_shard(path: Path, tensors: dict, meta: dict) -> dict:
+    """Atomically write one shard (``meta`` JSON-encoded in its header); returns its manifest entry."""
+    atomic_save_safetensors(path, tensors, metadata={k: json.dumps(v) for k, v in meta.items()})
+    return {
+        "sequences": int(tensors["offsets"].numel() - 1),
+        "tokens": int(tensors["input_ids"].numel()),
+        "loss_tokens": int(tensors["loss_mask"].sum()),
+        "bytes": path.stat().st_size,
+        "sha256": file_sha256(path),
+        **meta,
+    }
+
+
+@dataclass
+class Dataset:
+    """A datagen folder opened for training: its manifest, shard index and lazy per-sequence reads."""
+
+    path: Path
+    manifest: dict
+    shard_files: list[Path]
+    offsets: list[list[int]]  # per shard: sequence start offsets (len = sequences + 1)
+    index: list[tuple[int, int]] = field(default_factory=list)  # global sequence -> (shard, local)
+    _handles: dict = field(default_factory=dict, repr=False)  # open shard readers (memory-mapped)
+
+    @property
+    def target(self) -> dict:
+        return self.manifest["identity"]["target"]
+
+    @property
+    def capture_points(self) -> list[int]:
+        return list(self.manifest["identity"]["capture_points"])
+
+    @property
+    def features(self) -> str:
+        return self.manifest["identity"]["config"]["features"]
+
+    @property
+    def has_final_hidden(self) -> bool:
+        cfg = self.manifest["identity"]["config"]
+        return cfg["features"] == "stored" and bool(cfg["store_final_hidden"])
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def length(self, i: int) -> int:
+        s, j = self.index[i]
+        return self.offsets[s][j + 1] - self.offsets[s][j]
+
+    def _handle(self, s: int):
+        from safetensors import safe_open
+
+        fh = self._handles.get(s)
+        if fh is None:
+            fh = self._handles[s] = safe_open(str(self.shard_files[s]), framework="pt")
+        return fh
+
+    def get(self, i: int, max_len: int | None = None) -> dict:
+        """One sequence's tensors (``input_ids``, ``loss_mask``, and the stored features)."""
+        s, j = self.index[i]
+        a, b = self.offsets[s][j], self.offsets[s][j + 1]
+        if max_len is not None:
+            b = min(b, a + max_len)
+        try:
+            fh = self._handle(s)
+            return {k: fh.get_slice(k)[a:b] for k in fh.keys() if k != "offsets"}
+        except Exception:
+            safetensors_keys(self.shard_files[s])  # a shard gone or corrupted since opening: one line
+            raise
+
+    def token_ids_and_masks(self) -> Iterator[tuple[Any, Any]]:
+        """(input_ids, loss_mask) per shard, for vocab statistics."""
+        for file in self.shard_files:
+            t = read_safetensors(file, keys=["input_ids", "loss_mask"])
+            yield t["input_ids"], t["loss_mask"]
+
+    def target_head(self) -> tuple[Any, Any]:
+        """(embed_tokens, lm_head) of the target, as stored with the data."""
+        file = self.path / HEAD_FILE
+        if not file.is_file():
+            raise MissingFile("dataset has no target head file", where=str(file),
+                              fix="rerun invoke datagen with stored features")
+        t = read_safetensors(file)
+        return t["embed_tokens.weight"], t.get("lm_head.weight", t["embed_tokens.weight"])
+
+
+def _check_shard(file: Path, entry: dict, verify: str) -> None:
+    if not file.is_file():
+        raise MissingFile("shard listed in the manifest is missing", where=str(file))
+    size = file.stat().st_size
+    if size != entry["bytes"]:
+        raise IntegrityError("shard size differs from the manifest (truncated or replaced)", where=str(file),
+                             expected=f"{entry['bytes']} bytes", found=f"{size} bytes")
+    if verify == "sha256" and file_sha256(file) != entry["sha256"]:
+        raise IntegrityError("shard hash differs from the manifest", where=str(file),
+                             expected=entry["sha256"][:16], found="another hash")
+
+
+def open_dataset(path: str | Path, *, verify: str = "size") -> Dataset:
+    """Open a datagen folder; ``verify``: "size" (cheap: sizes and headers) or "sha256" (full hash)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise MissingFile("dataset folder not found", where=str(path), fix="run invoke datagen first")
+    manifest = read_manifest(path)
+    if manifest is None:
+        raise MissingFile("dataset folder has no manifest.json", where=str(path), fix="run invoke datagen first")
+    files, offsets, index = [], [], []
+    for name in sorted(manifest.get("shards", {})):
+        file = path / name
+        _check_shard(file, manifest["shards"][name], verify)
+        off = read_shard_tensor(file, "offsets").tolist()
+        s = len(files)
+        files.append(file)
+        offsets.append(off)
+        index.extend((s, j) for j in range(len(off) - 1))
+    return Dataset(path, manifest, files, offsets, index)

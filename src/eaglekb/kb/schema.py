@@ -1,0 +1,296 @@
+"""The baselines schema: what a file under ``baselines/`` may hold, and how its metrics are read.
+
+Owns: the versioned result schema (pydantic, ``extra="forbid"``): ``Citation``,
+``Host``, ``Provenance``, ``Noise``, ``Series`` and ``Baseline``; the result kinds;
+metric naming rules (every metric name ends in a unit, ``UNITS``); the better
+direction of a metric (``NAME_RULES``, ``direction``); parsing a file's text into a
+``Baseline`` with one-line errors; and the JSON Schema export.
+
+Knows nothing about where files live, writing, history or comparison (``eaglekb.kb.baselines``
+owns those), nor about the task runner or the docs tool.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from eaglekb.io.errors import SchemaError
+from eaglekb.io.files import flatten
+
+SCHEMA_VERSION = 1
+
+#: Result kinds; one folder each under baselines/.
+KINDS: dict[str, str] = {
+    "plan": "viability arithmetic from `invoke plan`",
+    "bench": "throughput: baseline versus speculative decoding, cycle split",
+    "probe": "drafter acceptance against a target, offline and online",
+    "finetune": "drafter training: losses, per-step accuracy, curves",
+    "vocab": "draft-vocab mappings and their comparisons",
+    "remap": "moving a drafter to a new mapping",
+    "datagen": "data generation: throughput, storage cost, manifests",
+    "models": "model preparation: conversion time, cache size",
+    "reference": "published numbers from outside (papers, model cards)",
+}
+
+#: Metric name suffixes (units), longest match first, with the default better direction.
+UNITS: dict[str, tuple[str, str]] = {
+    "_tok_s": ("tokens per second", "higher"),
+    "_tokens": ("tokens", "none"),
+    "_samples": ("samples", "none"),
+    "_params": ("parameters", "none"),
+    "_steps": ("steps", "none"),
+    "_count": ("count", "none"),
+    "_bytes": ("bytes", "none"),
+    "_mib": ("mebibytes", "none"),
+    "_gb": ("gigabytes", "none"),
+    "_pct": ("percent", "none"),
+    "_frac": ("fraction in [0, 1]", "none"),
+    "_len": ("tokens per draft/verify cycle (accept length)", "higher"),
+    "_loss": ("training loss (nats)", "lower"),
+    "_ms": ("milliseconds", "lower"),
+    "_s": ("seconds", "lower"),
+    "_x": ("ratio (speedup)", "higher"),
+}
+_UNIT_ORDER = sorted(UNITS, key=len, reverse=True)
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+KEY_RE = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+Direction = Literal["higher", "lower", "none"]
+
+
+def unit_of(name: str) -> str | None:
+    """The unit suffix a metric name ends with, or None."""
+    for suffix in _UNIT_ORDER:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            return suffix
+    return None
+
+
+def _one_of(value: str, allowed: dict[str, Any], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {sorted(allowed)}")
+    return value
+
+
+class StrictModel(BaseModel):
+    # No docstring: pydantic would copy it into the JSON Schema of every model.
+    model_config = ConfigDict(extra="forbid")
+
+
+class Citation(StrictModel):
+    """Where a recorded (not measured) number comes from."""
+
+    document: str = Field(description="the report, paper or model card")
+    section: str | None = Field(None, description="section, table or line within it")
+    url: str | None = Field(None, description="address, where public")
+    note: str | None = Field(None, description="how the number was read from it")
+
+
+class Host(StrictModel):
+    hostname: str | None = None
+    os: str | None = None
+    machine: str | None = None
+    cpu: str | None = None
+    cpu_count: int | None = None
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    gpu_driver: str | None = None
+    cuda: str | None = None
+
+
+class Provenance(StrictModel):
+    command: str = Field(description="the exact command that produced this file")
+    git_commit: str | None = Field(description="commit the command ran at (None outside git)")
+    git_dirty: bool | None = Field(description="uncommitted changes to tracked files at the time")
+    host: Host
+    versions: dict[str, str | None] = Field(description="python and package versions")
+    env: dict[str, str] = Field(default_factory=dict, description="selected environment variables")
+
+
+class Noise(StrictModel):
+    """How much a metric moves between runs, and the tolerance used to compare runs."""
+
+    repeats: int = Field(ge=1, description="independent repeats behind each metric")
+    spread_kind: Literal["range", "iqr", "std", "reported-range", "none"] = Field(
+        description="what `spread` holds: max-min, interquartile range, standard deviation, "
+        "a range as reported by the cited source, or none (exact / single value)"
+    )
+    spread: dict[str, float] = Field(
+        default_factory=dict, description="dotted metric path (within metrics) -> spread, in the metric's unit"
+    )
+    tolerance_rel: float = Field(ge=0, description="relative tolerance for comparisons (0.05 = 5%)")
+    tolerance_abs: dict[str, float] = Field(
+        default_factory=dict, description="dotted metric path -> absolute tolerance, in the metric's unit"
+    )
+
+
+class Series(StrictModel):
+    """A curve keyed by its x value (for example training step), for plots."""
+
+    x: str = Field(description="what the keys count, e.g. 'step'")
+    unit: str = Field(description="unit suffix of the y values, one of UNITS")
+    points: dict[str, float] = Field(description="x value (as a string) -> y value")
+
+    @field_validator("unit")
+    @classmethod
+    def _known_unit(cls, v: str) -> str:
+        return _one_of(v, UNITS, "unit")
+
+
+class Baseline(StrictModel):
+    """One result under review: stable, diffable, carrying what is needed to rerun it."""
+
+    schema_version: Literal[1] = Field(description="version of this schema")
+    kind: str = Field(description="result kind; the folder under baselines/")
+    name: str = Field(description="file name without .json; unique within the kind")
+    created_at: str = Field(description="UTC time the result was produced, ISO 8601")
+    source: Literal["measured", "recorded"] = Field(
+        description="measured by a runbook here, or recorded from an external report (see citation)"
+    )
+    summary: str | None = Field(None, description="one line: what this result says")
+    citation: Citation | None = Field(None, description="required when source is 'recorded'")
+    provenance: Provenance
+    config: dict[str, Any] = Field(description="everything needed to rerun")
+    metrics: dict[str, Any] = Field(description="nested metric tree; every leaf name ends in a unit")
+    better: dict[str, Direction] = Field(
+        default_factory=dict, description="dotted metric path -> better direction, overriding the unit's default"
+    )
+    series: dict[str, Series] = Field(default_factory=dict, description="curves for plots")
+    noise: Noise
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        return _one_of(v, KINDS, "kind")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"name {v!r} must match {NAME_RE.pattern}")
+        return v
+
+    @field_validator("created_at")
+    @classmethod
+    def _created(cls, v: str) -> str:
+        try:
+            _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+        except ValueError:
+            raise ValueError(f"created_at {v!r} is not ISO 8601") from None
+        return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: dict[str, Any]) -> dict[str, Any]:
+        _check_metric_tree(v, "metrics")
+        if not v:
+            raise ValueError("metrics is empty; a baseline holds at least one metric")
+        return v
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Baseline":
+        if self.source == "recorded" and self.citation is None:
+            raise ValueError("source 'recorded' needs a citation")
+        paths = set(flatten(self.metrics))
+        for field_name, mapping in (
+            ("better", self.better),
+            ("noise.spread", self.noise.spread),
+            ("noise.tolerance_abs", self.noise.tolerance_abs),
+        ):
+            for path in mapping:
+                if path not in paths:
+                    raise ValueError(f"{field_name} names metric {path!r}, which is not in metrics")
+        return self
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def _check_metric_tree(tree: Any, where: str) -> None:
+    """Every key matches KEY_RE; every leaf is a finite number whose name ends in a unit."""
+    if not isinstance(tree, dict):
+        raise ValueError(f"{where} must be an object")
+    for key, value in tree.items():
+        path = f"{where}.{key}"
+        if not KEY_RE.match(key):
+            raise ValueError(f"{path}: key must match {KEY_RE.pattern}")
+        if isinstance(value, dict):
+            _check_metric_tree(value, path)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: metric must be a number, found {type(value).__name__}")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{path}: metric must be finite, found {value}")
+        elif unit_of(key) is None:
+            raise ValueError(f"{path}: metric name must end in a unit, one of {sorted(UNITS)}")
+
+
+#: Words in a metric's dotted path that decide its better direction where the unit cannot
+#: (a percent of what?), checked in order, before the unit's default. A baseline's own
+#: ``better`` map overrides both.
+NAME_RULES: tuple[tuple[str, Direction], ...] = (
+    ("breakeven", "lower"),  # a lower break-even accept length is easier to beat
+    ("required", "none"),  # what a target needs: arithmetic, not a result
+    ("lost", "lower"),
+    ("dropped", "lower"),
+    ("divergen", "lower"),
+    ("mismatch", "lower"),
+    ("acc", "higher"),  # accuracy, accept length
+    ("coverage", "higher"),
+    ("agree", "higher"),
+    ("exact", "higher"),
+)
+
+
+def direction(baseline: Baseline, path: str) -> Direction:
+    """Whether higher or lower is better for a metric: declared in ``better``, else by the
+    first matching word of NAME_RULES, else by its unit's default."""
+    if path in baseline.better:
+        return baseline.better[path]
+    lowered = path.lower()
+    for word, rule in NAME_RULES:
+        if word in lowered:
+            return rule
+    unit = unit_of(path.rsplit(".", 1)[-1])
+    return UNITS[unit][1] if unit else "none"
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a baseline file (for the docs and external validators)."""
+    return Baseline.model_json_schema()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def one_line(err: ValidationError) -> str:
+    """The first validation error as ``loc: message (+N more)``."""
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (+{err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{loc}: {first['msg']}{more}"
+
+
+def parse(text: str, where: str) -> Baseline:
+    """A file's text as a validated ``Baseline``; bad JSON or a schema violation is one ``SchemaError`` line."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SchemaError(
+            "baseline is not valid JSON",
+            where=f"{where}:{exc.lineno}:{exc.colno}",
+            expected="a JSON object",
+            found=exc.msg,
+        ) from None
+    if not isinstance(data, dict):
+        raise SchemaError("baseline is not a JSON object", where=where, found=type(data).__name__)
+    try:
+        return Baseline.model_validate(data)
+    except ValidationError as exc:
+        raise SchemaError("baseline does not match schema v1", where=where, found=one_line(exc)) from None

@@ -1,0 +1,155 @@
+"""A target behind a server: the one HTTP client of a running SGLang server.
+
+Owns ``SGLangClient``: JSON requests with a timeout (urllib only, no new dependency),
+one-line errors (``Unavailable`` for an unreachable server or an HTTP error,
+``SchemaError`` for a body that is not the expected JSON), and the parsing of the two
+endpoints the project uses:
+
+* ``/v1/chat/completions`` (OpenAI-compatible; ``chat``): the assistant text and the
+  finish reason. Datagen regenerates responses of targets too large for one GPU this way.
+* ``/generate`` (SGLang native; ``generate``): the text and ``meta_info``
+  (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``), with the accept
+  length as ``completion_tokens / spec_verify_ct`` (bonus included, SGLang's definition).
+  The SGLang bench backend (``eaglekb.measure.sglang``) times these.
+
+Knows nothing about datasets, prompt sets, benchmarks, the launch command or the task runner.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from eaglekb.io.errors import BadInput, SchemaError, Unavailable
+
+DEFAULT_URL = "http://127.0.0.1:30000"
+
+
+@dataclass
+class Completion:
+    """One /generate response, reduced to what a bench needs."""
+
+    text: str
+    completion_tokens: int
+    verify_ct: int | None
+    accept_len: float | None  # completion_tokens / spec_verify_ct (bonus included)
+    reported_accept_len: float | None  # meta_info.spec_accept_length as the server reported it
+    latency_s: float = 0.0
+
+
+def _shown(doc: Any) -> str:
+    return doc[:120] if isinstance(doc, str) else json.dumps(doc)[:120]
+
+
+def parse_chat(doc: Any, where: str = "response") -> tuple[str, str | None]:
+    """(assistant text, finish_reason) of a chat-completions response; one line on a bad shape."""
+    try:
+        choice = doc["choices"][0]
+        content = choice["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise SchemaError("not a chat-completions response", where=where,
+                          expected='{"choices": [{"message": {"content": ...}}]}', found=_shown(doc)) from None
+    if not isinstance(content, str):
+        raise SchemaError("response content is not text", where=where, expected="a string",
+                          found=type(content).__name__)
+    return content, choice.get("finish_reason")
+
+
+def parse_generate(doc: Any, where: str = "/generate response") -> Completion:
+    """Read text and ``meta_info`` from a native /generate response (one-line errors)."""
+    if isinstance(doc, list):
+        if len(doc) != 1:
+            raise SchemaError("expected one completion", where=where, expected="a single object",
+                              found=f"{len(doc)} items")
+        doc = doc[0]
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta_info"), dict):
+        raise SchemaError("response has no meta_info", where=where, expected='{"text": ..., "meta_info": {...}}',
+                          found=type(doc).__name__ if not isinstance(doc, dict) else ", ".join(sorted(doc)) or "{}")
+    meta = doc["meta_info"]
+    tokens = meta.get("completion_tokens")
+    if not isinstance(tokens, int) or tokens < 0:
+        raise SchemaError("missing completion_tokens", where=f"{where}:meta_info.completion_tokens",
+                          expected="an integer >= 0", found=repr(tokens))
+    verify = meta.get("spec_verify_ct")
+    if verify is not None and (not isinstance(verify, int) or verify < 0):
+        raise SchemaError("bad spec_verify_ct", where=f"{where}:meta_info.spec_verify_ct",
+                          expected="an integer >= 0", found=repr(verify))
+    reported = meta.get("spec_accept_length")
+    return Completion(text=str(doc.get("text", "")), completion_tokens=tokens, verify_ct=verify,
+                      accept_len=tokens / verify if verify else None,
+                      reported_accept_len=float(reported) if isinstance(reported, (int, float)) else None)
+
+
+class SGLangClient:
+    """A running SGLang (or, for ``chat``, any OpenAI-compatible) server.
+
+    ``model`` is the name sent in chat requests; ``option`` names the command-line
+    option the URL came from, for the one-line errors.
+    """
+
+    def __init__(self, url: str = DEFAULT_URL, *, model: str = "default", timeout: float = 600.0,
+                 option: str = "--url"):
+        if not url.startswith(("http://", "https://")):
+            raise BadInput("server URL must start with http:// or https://", where=option, found=repr(url))
+        self.url = url.rstrip("/")
+        self.model = model
+        self.timeout = timeout
+        self.option = option
+
+    def request(self, path: str, body: dict | None = None) -> Any:
+        """POST ``body`` (GET when None) as JSON to ``path``; the parsed JSON answer."""
+        url = self.url + path
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            text = exc.read()[:200].decode(errors="replace").replace("\n", " ").strip()
+            raise Unavailable("SGLang server answered with an error", where=url, expected="HTTP 200",
+                              found=f"HTTP {exc.code}" + (f": {text}" if text else "")) from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = (str(getattr(exc, "reason", exc)).splitlines() or [type(exc).__name__])[0][:160]
+            fix = f"start it (python -m sglang.launch_server ...) or pass the right {self.option}"
+            raise Unavailable("SGLang server unreachable", where=url, found=reason, fix=fix) from None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise SchemaError("server answered with non-JSON", where=url, expected="a JSON document",
+                              found=raw[:80].decode(errors="replace")) from None
+
+    def server_info(self) -> dict:
+        return self.request("/get_server_info")
+
+    def chat_request(self, messages: Sequence[dict], *, max_tokens: int, temperature: float = 0.0,
+                     top_p: float | None = None, seed: int | None = None) -> dict:
+        """The body of a ``/v1/chat/completions`` request (``top_p`` and ``seed`` only when given)."""
+        body: dict[str, Any] = {"model": self.model, "messages": list(messages), "max_tokens": int(max_tokens),
+                                "temperature": temperature}
+        if top_p is not None:
+            body["top_p"] = top_p
+        if seed is not None:
+            body["seed"] = int(seed)
+        return body
+
+    def chat(self, messages: Sequence[dict], *, max_tokens: int, temperature: float = 0.0,
+             top_p: float | None = None, seed: int | None = None) -> tuple[str, str | None]:
+        """(assistant text, finish_reason) of one chat completion."""
+        body = self.chat_request(messages, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed)
+        return parse_chat(self.request("/v1/chat/completions", body), where=self.url + "/v1/chat/completions")
+
+    def generate(self, prompt: str | list[int], max_new_tokens: int, *, temperature: float = 0.0,
+                 ignore_eos: bool = True) -> Completion:
+        """One native ``/generate`` call (text or token ids), timed."""
+        body: dict[str, Any] = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature,
+                                                    "ignore_eos": ignore_eos}}
+        body["input_ids" if isinstance(prompt, list) else "text"] = prompt
+        t0 = time.perf_counter()
+        out = parse_generate(self.request("/generate", body), where=self.url + "/generate")
+        out.latency_s = time.perf_counter() - t0
+        return out

@@ -1,0 +1,160 @@
+"""Drafters in 16 MiB pieces: export a run's drafters as one cut tar, and unpack it with every hash checked.
+
+Owns the export format (``drafters.tar.partNN``: an uncompressed tar of ``NAME/file``, cut into pieces that fit
+one device transfer, with a manifest of the tar's and each file's SHA-256 in story.json's ``drafters_export``
+or in ``drafters-export.json``), the budget that picks which drafters fit, and the unpacking that refuses a
+corrupt, missing or substituted piece. Knows nothing about how the drafters were trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+from eaglekb.io.errors import IntegrityError, MissingFile
+from eaglekb.io.files import atomic_write_bytes, atomic_write_json, read_json
+from eaglekb.models.convert import sha256_files
+from eaglekb.studies.story.config import DRAFTERS_TAR, EXPORT_FILE, PART_BYTES
+from eaglekb.studies.story.document import load
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    """The plain files under ``folder``, by relative POSIX path, sorted."""
+    return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+    """The SHA-256 of each file under ``folder``, by relative path."""
+    return {rel: sha256_files([p]) for rel, p in _files(folder).items()}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in _files(folder).values())
+
+
+def fit_budget(sizes: dict[str, int], budget: int, overhead: int = 64 << 10) -> list[str]:
+    """The names, in order, whose sizes (plus tar overhead each) fit the budget; later ones are skipped."""
+    keep, used = [], 0
+    for name, size in sizes.items():
+        if used + size + overhead <= budget:
+            keep.append(name)
+            used += size + overhead
+    return keep
+
+
+def export_drafters(folders: dict[str, Path], out: Path, part_bytes: int = PART_BYTES) -> dict[str, Any]:
+    """One uncompressed tar of the drafter folders (``NAME/file``), cut into ``part_bytes`` pieces."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, folder in folders.items():
+            for rel, p in _files(folder).items():
+                tar.add(p, arcname=f"{name}/{rel}", recursive=False)
+    data = buf.getvalue()
+    parts = []
+    for i in range(0, len(data), part_bytes):
+        path = atomic_write_bytes(out / f"{DRAFTERS_TAR}.part{i // part_bytes:02d}", data[i:i + part_bytes])
+        parts.append(path.name)
+    return {"parts": parts, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+            "drafters": {name: file_hashes(folder) for name, folder in folders.items()}}
+
+
+def export_from_work(work: str | Path, names: list[str], out: str | Path) -> dict[str, Any]:
+    """Export drafters of a finished run from its work folder (``run-NAME/drafter``), with a manifest.
+
+    For when the run's own export did not fit what one transfer brings back: pick the drafters that fit.
+    """
+    work, out = Path(work), Path(out)
+    folders = {n: work / f"run-{n}" / "drafter" for n in names}
+    missing = [n for n, f in folders.items() if not (f / "config.json").is_file()]
+    if missing:
+        raise MissingFile("no such drafter in the work folder", where=str(work),
+                          expected="run-NAME/drafter/config.json for " + ", ".join(names),
+                          found=f"missing {', '.join(missing)}")
+    out.mkdir(parents=True, exist_ok=True)
+    doc = export_drafters(folders, out)
+    atomic_write_json(out / EXPORT_FILE, doc)
+    return doc
+
+
+def _export_manifest(run_dir: Path, pieces: Path) -> dict[str, Any]:
+    """The export's manifest (``drafters-export.json`` in ``pieces``, else story.json's), checked against
+    the file hashes the run recorded when it trained each drafter."""
+    doc = load(run_dir)
+    exp = doc.get("drafters_export")
+    if (pieces / EXPORT_FILE).is_file():
+        exp = read_json(pieces / EXPORT_FILE, what="drafters export manifest")
+    if not exp:
+        raise MissingFile("no exported drafters", where=str(pieces),
+                          expected=f"story.json's drafters_export or {EXPORT_FILE}", found="neither")
+    for name, hashes in exp["drafters"].items():
+        trained = (doc.get("runs", {}).get(name) or {}).get("drafter_files")
+        if trained is not None and trained != hashes:
+            raise IntegrityError("exported drafter is not the one the run trained", where=name,
+                                 expected="the file hashes recorded in story.json", found="different hashes")
+    return exp
+
+
+def _joined(exp: dict[str, Any], pieces: Path) -> bytes:
+    """The tar, joined from its pieces; refuses a missing piece or a wrong SHA-256."""
+    missing = [p for p in exp["parts"] if not (pieces / p).is_file()]
+    if missing:
+        raise MissingFile("drafter pieces missing", where=str(pieces), expected=", ".join(exp["parts"]),
+                          found=f"missing {', '.join(missing)}")
+    data = b"".join((pieces / p).read_bytes() for p in exp["parts"])
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != exp["sha256"]:
+        raise IntegrityError("drafter pieces corrupt", where=str(pieces), expected=f"sha256 {exp['sha256']}",
+                             found=f"sha256 {digest}")
+    return data
+
+
+def _extract(data: bytes, exp: dict[str, Any], staging: Path) -> None:
+    """Plain files under an exported NAME/ only (no links, absolute or parent paths), then every hash checked."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if not m.isfile() or m.name.startswith("/") or ".." in parts or parts[0] not in exp["drafters"]:
+                raise IntegrityError("unexpected entry in drafters tar", where=m.name,
+                                     expected="NAME/file of an exported drafter", found=m.name)
+            target = staging / m.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(m) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    for name, hashes in exp["drafters"].items():
+        if file_hashes(staging / name) != hashes:
+            raise IntegrityError("extracted drafter differs from the exported one", where=name,
+                                 expected="the sha256 of each file in story.json", found="different hashes")
+
+
+def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | None = None) -> dict[str, Path]:
+    """Join ``drafters.tar.partNN``, check every hash, extract to ``dest/NAME``.
+
+    The pieces and their manifest are the run's own export (``story.json``'s ``drafters_export``) or, in
+    ``pieces`` (default: the run folder), a later ``export_from_work`` (``drafters-export.json``). Each
+    drafter must also match the file hashes the run recorded when it trained it.
+    """
+    run_dir, dest = Path(run_dir), Path(dest)
+    pieces = Path(pieces) if pieces else run_dir
+    exp = _export_manifest(run_dir, pieces)
+    data = _joined(exp, pieces)
+    staging = dest.parent / f".{dest.name}.tmp"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        _extract(data, exp, staging)
+        dest.mkdir(parents=True, exist_ok=True)
+        out = {}
+        for name in exp["drafters"]:
+            if (dest / name).exists():
+                shutil.rmtree(dest / name)
+            os.replace(staging / name, dest / name)
+            out[name] = dest / name
+        return out
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""The training run's options, and the names of what a run folder holds.
+
+Owns: ``TrainConfig`` (one training run; the fields that form the resume fingerprint),
+``POSITIONS`` (rotary position modes of the TTT steps), ``NOISE`` (the noise of a
+recorded training run) and ``METRICS`` (the report file in the run folder).
+
+Knows nothing about torch, data, drafters or how a run is executed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from eaglekb.io.errors import BadInput, SchemaError
+
+POSITIONS = ("runtime", "specforge")
+#: Noise of a recorded training run: one run, 30% (GPU kernels and data order move losses and accuracies).
+NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
+#: The report of a run, in its ``out`` folder (next to ``checkpoints/`` and ``drafter/``).
+METRICS = "metrics.json"
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Fields marked (fp) are part of the resume fingerprint."""
+
+    data: str  # datagen folder (fp via its identity hash)
+    out: str  # run folder: checkpoints/, drafter/, metrics.json
+    val_data: str | None = None  # held-out datagen folder; None: hold out val_fraction of data (fp)
+    val_fraction: float = 0.05  # (fp)
+    max_val_sequences: int = 256  # cap on validation sequences (fp)
+    init: str | None = None  # start from this drafter checkpoint
+    remap: bool = True  # remap the init drafter's lm_head when its mapping differs from the data's
+    mapping: str | None = None  # use this mapping (file or drafter folder) instead of building from data
+    draft_vocab_size: int = 8192  # draft vocab when building the mapping from data (fp)
+    intermediate_size: int | None = None  # drafter MLP width; None: the target's (fp)
+    ttt_steps: int = 7  # (fp)
+    step_weight: float = 0.8  # loss weight of step k is step_weight**k (fp)
+    positions: str = "runtime"  # rotary position per TTT step: runtime (t+k) or specforge (t) (fp)
+    batch_size: int = 8  # sequences per optimiser step, over all ranks (fp)
+    max_len: int = 1024  # tokens kept per sequence (fp)
+    steps: int | None = None  # optimiser steps; None: epochs * sequences / batch_size (fp)
+    epochs: float = 1.0  # (fp)
+    lr: float = 1e-4  # peak learning rate (fp)
+    warmup_frac: float = 0.03  # share of steps with linear warmup (fp)
+    min_lr_frac: float = 0.0  # cosine decays to lr * min_lr_frac (fp)
+    weight_decay: float = 0.0  # (fp)
+    grad_clip: float = 0.5  # max gradient norm; 0 disables (fp)
+    seed: int = 0  # init weights, data order, validation split (fp)
+    eval_every: int = 0  # validate every N steps; 0: at the end only
+    save_every: int = 0  # checkpoint every N steps; 0: at the end only
+    log_every: int = 10  # curve point every N steps
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    device: str = "auto"  # auto, cpu, cuda
+    amp: str = "bfloat16"  # autocast dtype on CUDA (bfloat16 or none); CPU runs float32
+    online_target: str | None = None  # target folder for data with online features
+    resume: bool = False  # continue from the newest checkpoint in out
+    stop_after: int | None = None  # stop after this many steps of this process (tests, interruptions)
+
+    FINGERPRINT = ("val_data", "val_fraction", "max_val_sequences", "draft_vocab_size", "intermediate_size",
+                   "ttt_steps", "step_weight", "positions", "batch_size", "max_len", "steps", "epochs", "lr",
+                   "warmup_frac", "min_lr_frac", "weight_decay", "grad_clip", "seed")
+
+    @classmethod
+    def from_dict(cls, doc: dict, where: str = "config") -> "TrainConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(doc) - names)
+        if unknown:
+            raise SchemaError("unknown training option", where=f"{where}:{unknown[0]}",
+                              expected=", ".join(sorted(names)), found=repr(unknown[0]))
+        return cls(**doc)
+
+    def check(self) -> None:
+        if self.positions not in POSITIONS:
+            raise BadInput("unknown TTT position mode", where="positions", expected=" or ".join(POSITIONS),
+                           found=repr(self.positions))
+        for name, low in (("ttt_steps", 1), ("batch_size", 1), ("max_len", 4), ("log_every", 1)):
+            if int(getattr(self, name)) < low:
+                raise BadInput("option out of range", where=name, expected=f">= {low}", found=str(getattr(self, name)))
+        if self.steps is not None and self.steps < 1:
+            raise BadInput("option out of range", where="steps", expected=">= 1", found=str(self.steps))
+        if not 0 <= self.val_fraction < 1:
+            raise BadInput("option out of range", where="val_fraction", expected="0 <= f < 1",
+                           found=str(self.val_fraction))
+        if self.lr <= 0:
+            raise BadInput("option out of range", where="lr", expected="> 0", found=str(self.lr))

@@ -1,0 +1,173 @@
+"""The test-time-training (TTT) unroll of the drafter: per-step logits, the weighted loss, counts.
+
+Owns: ``TTTModel`` (the drafter unrolled over ``steps`` TTT steps, with the TTT-specific
+attention over earlier steps' diagonal keys), ``shift`` and ``step_norms``.
+
+The TTT alignment (one anchor position ``t``; SpecForge ``specforge/core/eagle3.py``
+``OnlineEagle3Model`` and ``specforge/modeling/draft/llama3_eagle.py`` read; the
+engine's ``eaglekb.engine.draft`` contract):
+
+* step 0 pairs the target's aux hidden state at ``t`` (``fc`` applied) with the
+  embedding of token ``t+1`` and predicts token ``t+2``;
+* step ``k > 0`` pairs the drafter's own output hidden of step ``k-1`` at ``t`` with the
+  embedding of token ``t+k+1`` and predicts token ``t+k+2``;
+* attention at step ``k`` sees the step-0 keys at positions ``<= t`` (causal) and, for
+  each earlier step ``j in 1..k``, only its own anchor's key (the diagonal), exactly
+  the keys a chain draft sees at inference after verifying token ``t+1``;
+* rotary position at step ``k`` is ``t + k`` (``positions="runtime"``, what SGLang and
+  the eaglekb engine use when drafting); SpecForge keeps ``t`` at every step
+  (``positions="specforge"`` reproduces that);
+* the target distribution is the softmax of the target's logits restricted to the draft
+  vocab (``t2d``), from the target's final hidden state at ``t+k+1``; a position whose
+  target argmax lies outside the draft vocab carries no loss and counts as a miss;
+* the loss at step ``k`` is masked by the predicted token's loss mask (``t+k+2``, an
+  assistant token) and normalised by the number of such positions; loss =
+  ``sum_k 0.8**k * ploss_k``. SpecForge masks by the anchor's own token (``t``) instead
+  and divides by all positions including padding; see docs/howto/train.md.
+
+Every per-step piece but that attention is the drafter's own (``Eagle3Drafter``
+``project_hidden`` / ``rope`` / ``logits``, ``MidLayer.fuse`` / ``feed_forward``,
+``Attention.project`` / ``output``), so training and inference run one forward.
+
+Knows nothing about datasets, optimisers, checkpoints, processes or the task runner.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from eaglekb.models.layers import attend
+
+
+def shift(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x[:, n:]`` right-padded with zeros to the same length (dim 1)."""
+    if n == 0:
+        return x
+    pad = torch.zeros_like(x[:, :n])
+    return torch.cat((x[:, n:], pad), dim=1) if n < x.shape[1] else torch.zeros_like(x)
+
+
+def step_norms(mask: torch.Tensor, steps: int) -> torch.Tensor:
+    """Loss positions per TTT step for a batch's loss mask ``[B,T]``."""
+    return torch.stack([shift(mask.float(), k + 2).sum() for k in range(steps)])
+
+
+def _repeat_kv(z: torch.Tensor, rep: int) -> torch.Tensor:
+    return z.repeat_interleave(rep, dim=1) if rep > 1 else z
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+    """Step ``len(keys)-1``'s attention: causal over step 0's keys, plus each later step's diagonal key.
+
+    ``q [B,Hq,T,D]``; ``keys`` / ``values`` ``[B,Hkv,T,D]`` of steps ``0..k``. Scores in
+    float32, one softmax over ``T + k`` keys per query.
+    """
+    if len(keys) == 1:
+        return attend(q, keys[0], values[0], causal=True)
+    t, rep = q.shape[2], q.shape[1] // keys[0].shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    causal = torch.full((t, t), float("-inf"), device=q.device).triu(1)
+    s0 = (q @ _repeat_kv(keys[0], rep).transpose(-1, -2)).float() * scale + causal
+    diag = [((q * _repeat_kv(kj, rep)).sum(-1, keepdim=True)).float() * scale for kj in keys[1:]]
+    p = torch.cat([s0, *diag], dim=-1).softmax(-1).to(q.dtype)
+    out = p[..., :t] @ _repeat_kv(values[0], rep)
+    for j, vj in enumerate(values[1:]):
+        out = out + p[..., t + j:t + j + 1] * _repeat_kv(vj, rep)
+    return out
+
+
+class TTTModel(nn.Module):
+    """The drafter unrolled over ``steps`` TTT steps; returns the weighted loss and per-step counts.
+
+    Holds the frozen target embeddings and the target lm_head rows of the draft vocab
+    as buffers (not parameters: DDP leaves them alone).
+    """
+
+    def __init__(self, drafter, embed: torch.Tensor, target_head: torch.Tensor | None, *, steps: int = 7,
+                 step_weight: float = 0.8, positions: str = "runtime"):
+        super().__init__()
+        self.drafter = drafter
+        self.steps = steps
+        self.step_weight = step_weight
+        self.positions = positions
+        self.register_buffer("embed", embed.detach().float(), persistent=False)
+        self.register_buffer("full_head", target_head.detach().float() if target_head is not None else None,
+                             persistent=False)
+        self.refresh_mapping()
+
+    def refresh_mapping(self) -> None:
+        """Recompute what depends on the drafter's d2t (after a remap or resume)."""
+        d = self.drafter
+        vd = d.config.draft_vocab_size
+        selected = torch.arange(vd, device=d.d2t.device) + d.d2t
+        self.register_buffer("selected", selected, persistent=False)
+        pos = torch.full((d.config.vocab_size,), -1, dtype=torch.long, device=d.d2t.device)
+        pos[selected] = torch.arange(vd, device=d.d2t.device)
+        self.register_buffer("draft_pos", pos, persistent=False)
+        head = self.full_head[selected.to(self.full_head.device)] if self.full_head is not None else None
+        self.register_buffer("draft_head", head, persistent=False)
+
+    def step_logits(self, input_ids, aux_hidden):
+        """All TTT steps' draft logits ``[K][B,T,Vd]`` (teacher-forced inputs; for checks)."""
+        return [lg for lg, _ in self._unroll(input_ids, aux_hidden)]
+
+    def _unroll(self, input_ids, aux_hidden):
+        """Yield ``(logits, hidden)`` of each TTT step (see the module docstring)."""
+        d = self.drafter
+        mid, attn = d.midlayer, d.midlayer.self_attn
+        hidden = d.project_hidden(aux_hidden.to(d.fc.weight.dtype))
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        base = torch.arange(input_ids.shape[1], device=input_ids.device)
+        for k in range(self.steps):
+            emb = F.embedding(shift(input_ids, k + 1), self.embed).to(hidden.dtype)
+            cos, sin = d.rope((base + (k if self.positions == "runtime" else 0))[None])
+            q, key, value = attn.project(mid.fuse(emb, hidden), cos, sin)
+            keys.append(key)
+            values.append(value)
+            hidden = mid.feed_forward(hidden + attn.output(ttt_attention(q, keys, values)))
+            yield d.logits(hidden), hidden
+
+    def forward(self, batch: dict, norms: torch.Tensor, world: int = 1):
+        """Weighted TTT loss (scaled for DDP gradient averaging) and per-step counts ``[K, 5]``.
+
+        ``norms[k]``: the number of loss positions of step ``k`` over the whole global batch.
+        Counts per step: loss sum, positions, correct, chain-correct, chain-correct before this step.
+        """
+        ids, mask = batch["input_ids"], batch["loss_mask"].float()
+        argmax = batch["target_argmax"].long()
+        soft = self._soft_targets(batch)
+        total = torch.zeros((), device=ids.device)
+        stats = []
+        chain = torch.ones_like(mask, dtype=torch.bool)
+        for k, (logits, _) in enumerate(self._unroll(ids, batch["aux_hidden"])):
+            w = shift(mask, k + 2)
+            tgt = shift(argmax, k + 1)
+            tpos = self.draft_pos[tgt]
+            pm = w * (tpos >= 0).float()
+            logp = logits.float().log_softmax(-1)
+            if soft is not None:
+                ce = -(shift(soft, k + 1) * logp).sum(-1)
+            else:
+                ce = -logp.gather(-1, tpos.clamp_min(0)[..., None]).squeeze(-1)
+            loss_sum = (ce * pm).sum()
+            total = total + (self.step_weight ** k) * loss_sum / norms[k].clamp_min(1.0) * world
+            with torch.no_grad():
+                correct = (self.selected[logits.argmax(-1)] == tgt) & (tpos >= 0)
+                prev = chain
+                chain = chain & correct
+                wb = w > 0
+                stats.append(torch.stack([loss_sum.detach(), w.sum(), (correct & wb).sum().float(),
+                                          (chain & wb).sum().float(), (prev & wb).sum().float()]))
+        return total, torch.stack(stats)
+
+    def _soft_targets(self, batch: dict) -> torch.Tensor | None:
+        """The target's softmax over the draft vocab ``[B,T,Vd]``, when the batch has final hidden states."""
+        if batch.get("final_hidden") is None or self.draft_head is None:
+            return None
+        with torch.no_grad():
+            return (batch["final_hidden"].float() @ self.draft_head.t()).softmax(-1)

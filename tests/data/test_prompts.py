@@ -1,0 +1,71 @@
+"""Prompt files and prompt sets: one reader with one-line errors, atomic writes, training and eval sets."""
+
+import pytest
+
+from eaglekb.data import prompts
+from eaglekb.data.corpora import Prompt, PromptSet, prompts_hash
+from eaglekb.io.errors import BadInput, MissingFile
+
+
+def _set(name: str, texts: list[str]) -> PromptSet:
+    items = [Prompt(id=f"{name}:{i}", source=name, messages=({"role": "user", "content": t},))
+             for i, t in enumerate(texts)]
+    return PromptSet(name, items, manifest={"source": name, "count": len(items), "sha256": prompts_hash(items)})
+
+
+def test_prompts_file_formats_and_errors(tmp_path):
+    with pytest.raises(MissingFile):
+        prompts.read_prompts_file(tmp_path / "none.txt")
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi"}\nplain line\n\n{"messages": [{"role": "user", "content": "yo"}]}\n')
+    ps = prompts.read_prompts_file(f)
+    assert [p.text for p in ps.prompts] == ["hi", "plain line", "yo"]
+    assert [p.id for p in ps.prompts] == ["p.jsonl:1", "p.jsonl:2", "p.jsonl:4"]
+    for bad, match in (('{"oops": 1}\n', "neither"), ('{"messages": [{"role": "user"}]}\n', "role and a content"),
+                       ("{not json\n", "not JSON"), ("\n\n", "empty")):
+        f.write_text(bad)
+        with pytest.raises(BadInput, match=match) as err:
+            prompts.read_prompts_file(f)
+        assert "\n" not in err.value.line()
+    f.write_text('{"oops": 1}\n')
+    with pytest.raises(BadInput, match="p.jsonl:1"):
+        prompts.read_prompts_file(f)
+
+
+def test_written_prompts_file_reads_back(tmp_path):
+    src = _set("x", ["héllo", "two\nlines"])
+    out = prompts.write_prompts_file(tmp_path / "eval.jsonl", src.prompts)
+    back = prompts.read_prompts_file(out)
+    assert [p.messages for p in back.prompts] == [p.messages for p in src.prompts]
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_prompt_sets_round_trip_and_errors(tmp_path):
+    f = tmp_path / "sets.jsonl"
+    sets = {"A": _set("a", ["one", "two"]), "B": _set("b", ["three"]), "eval": _set("e", ["four"])}
+    prompts.write_prompt_sets(f, sets)
+    back = prompts.read_prompt_sets(f, ("A", "B", "eval"))
+    assert {k: [p.id for p in v.prompts] for k, v in back.items()} == {k: [p.id for p in v.prompts]
+                                                                        for k, v in sets.items()}
+    assert back["A"].manifest["source"] == "a" and back["A"].manifest["file"] == "sets.jsonl"
+    assert back["A"].manifest["sha256"] == sets["A"].manifest["sha256"]
+    f.write_text('{"set": "C", "id": "x:1", "messages": []}\n')
+    with pytest.raises(BadInput, match="prompt-sets line") as err:
+        prompts.read_prompt_sets(f, ("A",))
+    assert f"{f}:1" in err.value.line()
+    with pytest.raises(MissingFile, match="story.prompts"):
+        prompts.read_prompt_sets(tmp_path / "none.jsonl", ("A",), made_by="the file invoke story.prompts writes")
+
+
+def test_eval_prompts_by_name():
+    ps = prompts.eval_prompts("builtin", 3)
+    assert len(ps) == 3 and ps.manifest["source"] == "builtin"
+    with pytest.raises(BadInput, match="unknown prompt set"):
+        prompts.eval_prompts("nope", 2)
+    with pytest.raises(BadInput, match="positive"):
+        prompts.eval_prompts("builtin", 0)
+
+
+def test_training_prompts_refuse_evaluation_sets():
+    with pytest.raises(BadInput, match="evaluation set"):
+        prompts.training_prompts(["humaneval"], per_source=2)
