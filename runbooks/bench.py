@@ -25,6 +25,8 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
         "dtype": "float32, bfloat16 or float16",
         "graphs": "CUDA graphs: auto (on with CUDA), on, off, both (also time eager vs graphed)",
         "peers": "comma list of hf_generate, hf_prompt_lookup, hf_static_compile ('' for none)",
+        "compile": "inductor-compiled layers inside the CUDA graphs: auto (on with graphs), on, off",
+        "profile": "CUDA: kernels per decode, verify and draft step (count, time by kind, top kernels)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/bench/NAME.json",
         "compare": "compare with baselines/bench/NAME.json (default: the recorded run with the same config)",
@@ -33,7 +35,7 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
 def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
-          json=False, record=None, compare=None):
+          compile="auto", profile=False, json=False, record=None, compare=None):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -46,6 +48,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
                                   parse_int(draft_tokens, "--draft-tokens")),
             repeats=parse_int(repeats, "--repeats"), warmup=parse_int(warmup, "--warmup"), device=device, dtype=dtype,
             graphs=graphs, peers=[p.strip() for p in str(peers).split(",") if p.strip()],
+            compile=str(compile), profile=bool(profile),
         )
         report = lib.run(cfg, progress=not json)
         doc = report.to_dict()
@@ -71,13 +74,14 @@ def sglang(c, url="http://127.0.0.1:30000", prompts="gsm8k-eval", num_prompts=4,
            json=False, record=None, compare=None):
     """Benchmark a running SGLang server: tok/s and accept length from meta_info (single stream)."""
     with cli_errors():
-        from eaglekb.measure import setup as runsetup
-        from eaglekb.measure.sglang import SGLangClient
+        from eaglekb.data.prompts import eval_prompts
+        from eaglekb.measure.sglang import bench as bench_server
+        from eaglekb.models.server import SGLangClient
 
-        pset = runsetup.prompt_set(prompts, parse_int(num_prompts, "--num-prompts"))
+        pset = eval_prompts(prompts, parse_int(num_prompts, "--num-prompts"))
         client = SGLangClient(url)
         info = client.server_info()
-        res = client.bench([p.text for p in pset.prompts], parse_int(max_new_tokens, "--max-new-tokens"),
+        res = bench_server(client, [p.text for p in pset.prompts], parse_int(max_new_tokens, "--max-new-tokens"),
                            repeats=parse_int(repeats, "--repeats"))
         spread = res.pop("spread")
         config = {"backend": "sglang", "url": url, "prompts": prompts, "prompts_manifest": pset.manifest,

@@ -13,7 +13,7 @@ class OracleDrafting(Drafting):
     every accept length (0..steps) and, in trees, off-first-child paths occur."""
 
     def __init__(self, base: Drafting, reference: list[int], prompt_len: int, seed: int = 0):
-        super().__init__(base.dm, base.step, static_width=base.static_width)
+        super().__init__(base.dm, base.step, static_width=base.static_width, cache_len=base.cache_len)
         self.reference, self.prompt_len = reference, prompt_len
         self.rng = random.Random(seed)
 

@@ -24,16 +24,15 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
-from eaglekb.engine.kv import StaticKV
+from eaglekb.engine.kv import StaticKV, mask_width, write_slots
 from eaglekb.engine.model import TargetModel
+from eaglekb.formats.mapping import check_mapping
 from eaglekb.io.errors import Incompatible
-from eaglekb.models.layers import apply_rope, rms_norm
+from eaglekb.models.layers import apply_rope, attend, inv_freq, rms_norm, rope_cos_sin, swiglu_fused
 
 
 def check_shapes(drafter, hidden: int, vocab: int, embed_dim: int | None = None) -> None:
     """Refuse a drafter built for another target: hidden size, vocab, mapping range."""
-    from eaglekb.models.drafter import check_mapping
-
     cfg = drafter.config
     th = cfg.target_hidden_size or cfg.hidden_size
     if th != hidden:
@@ -53,8 +52,33 @@ def check_compatible(drafter, target: TargetModel) -> None:
     check_shapes(drafter, target.hidden, target.vocab, int(target.embed_weight.shape[1]))
 
 
+def draft_layer(ids, hidden, positions, slots, mask, k_cache, v_cache, fc, embed, inv, ln_in, ln_hidden, wqkv, wo,
+                ln_post, wgu, wdown, norm, lm_head, n_heads: int, n_kv: int, head_dim: int,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's one layer at inference (see the module docstring for the contract).
+
+    ``ids [B,T]``, ``hidden [B,T,3H_target]`` (fc applied) or ``[B,T,H]`` (the drafter's
+    own output); returns draft-vocab logits ``[B,T,Vd]`` and the output hidden ``[B,T,H]``.
+    """
+    if hidden.shape[-1] != wo.shape[0]:
+        hidden = F.linear(hidden, fc)
+    b, t, _ = hidden.shape
+    x = torch.cat((rms_norm(F.embedding(ids, embed), ln_in, eps), rms_norm(hidden, ln_hidden, eps)), dim=-1)
+    cos, sin = rope_cos_sin(positions, inv)
+    q, k, v = F.linear(x, wqkv).split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
+    q = apply_rope(q.view(b, t, n_heads, head_dim).transpose(1, 2), cos, sin, float32=True)
+    k = apply_rope(k.view(b, t, n_kv, head_dim).transpose(1, 2), cos, sin, float32=True)
+    write_slots(k_cache, slots, k)
+    write_slots(v_cache, slots, v.view(b, t, n_kv, head_dim).transpose(1, 2))
+    width = mask.shape[-1]
+    att = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
+    h = hidden + F.linear(att.transpose(1, 2).reshape(b, t, -1), wo)
+    out = h + swiglu_fused(rms_norm(h, ln_post, eps), wgu, wdown)
+    return F.linear(rms_norm(out, norm, eps), lm_head), out
+
+
 class DraftModel:
-    """An EAGLE-3 drafter's weights as plain tensors, run over a one-layer ``StaticKV``."""
+    """An EAGLE-3 drafter's weights as plain tensors (q/k/v and gate/up fused), run over a one-layer ``StaticKV``."""
 
     def __init__(self, drafter, target: TargetModel, *, dtype: torch.dtype | None = None):
         check_compatible(drafter, target)
@@ -70,19 +94,24 @@ class DraftModel:
         self.fc = take(drafter.fc.weight)
         self.ln_in, self.ln_hidden = take(mid.input_layernorm.weight), take(mid.hidden_norm.weight)
         a = mid.self_attn
-        self.wq, self.wk, self.wv, self.wo = (take(a.q_proj.weight), take(a.k_proj.weight),
-                                              take(a.v_proj.weight), take(a.o_proj.weight))
+        self.wqkv = take(torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+        self.wo = take(a.o_proj.weight)
         self.ln_post = take(mid.post_attention_layernorm.weight)
-        self.gate, self.up, self.down = take(mid.mlp.gate_proj.weight), take(mid.mlp.up_proj.weight), take(mid.mlp.down_proj.weight)
+        self.wgu = take(torch.cat([mid.mlp.gate_proj.weight, mid.mlp.up_proj.weight]))
+        self.down = take(mid.mlp.down_proj.weight)
         self.norm = take(drafter.norm.weight)
         self.lm_head = take(drafter.lm_head.weight)
         self.embed_weight = take(drafter.embed_tokens.weight) if drafter.embed_tokens is not None \
             else target.embed_weight.to(dtype)
         self.d2t = drafter.d2t.detach().to(dev)
         self.dtype, self.device = dtype, dev
-        hd = self.head_dim
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=dev) / hd))
-        self.inv_freq = inv
+        self.inv_freq = inv_freq(cfg.rope_theta, self.head_dim, dev)
+        self._compiled = None
+
+    def compile(self) -> None:
+        """Compile the drafter layer with inductor for the fixed-shape steps (idempotent)."""
+        if self._compiled is None:
+            self._compiled = torch.compile(draft_layer, dynamic=False, fullgraph=True)
 
     def new_cache(self, max_len: int) -> StaticKV:
         return StaticKV(1, self.n_kv, self.head_dim, max_len, dtype=self.dtype, device=self.device)
@@ -92,33 +121,16 @@ class DraftModel:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                mask: torch.Tensor, kv: StaticKV) -> tuple[torch.Tensor, torch.Tensor]:
+                mask: torch.Tensor, kv: StaticKV, *, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """One drafter pass: ``ids [B,T]`` (target ids), ``hidden [B,T,3H_target or H]``.
 
         Returns draft-vocab logits ``[B,T,Vd]`` and the output hidden ``[B,T,H]`` that
         feeds the next step.
         """
-        hidden = hidden.to(self.dtype)
-        if hidden.shape[-1] != self.hidden:
-            hidden = F.linear(hidden, self.fc)
-        emb = F.embedding(ids, self.embed_weight)
-        b, t, _ = hidden.shape
-        x = torch.cat((rms_norm(emb, self.ln_in, self.eps), rms_norm(hidden, self.ln_hidden, self.eps)), dim=-1)
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None]
-        e = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = e.cos(), e.sin()
-        q = F.linear(x, self.wq).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = F.linear(x, self.wk).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        v = F.linear(x, self.wv).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin, float32=True), apply_rope(k, cos, sin, float32=True)
-        keys, values = kv.write(0, slots, k, v)
-        width = mask.shape[-1]
-        att = F.scaled_dot_product_attention(q, keys[:, :, :width], values[:, :, :width], attn_mask=mask,
-                                             enable_gqa=self.n_heads != self.n_kv)
-        h = hidden + F.linear(att.transpose(1, 2).reshape(b, t, -1), self.wo)
-        g = rms_norm(h, self.ln_post, self.eps)
-        out = h + F.linear(F.silu(F.linear(g, self.gate)) * F.linear(g, self.up), self.down)
-        return F.linear(rms_norm(out, self.norm, self.eps), self.lm_head), out
+        fn = self._compiled if compiled and self._compiled is not None else draft_layer
+        return fn(ids, hidden.to(self.dtype), positions, slots, mask, kv.k[0], kv.v[0], self.fc, self.embed_weight,
+                  self.inv_freq, self.ln_in, self.ln_hidden, self.wqkv, self.wo, self.ln_post, self.wgu, self.down,
+                  self.norm, self.lm_head, self.n_heads, self.n_kv, self.head_dim, self.eps)
 
     __call__ = forward
 
@@ -153,11 +165,14 @@ class Drafting:
     fixed shapes), else masks are as wide as the slots in use.
     """
 
-    def __init__(self, dm: DraftModel, step, *, static_width: int = 0):
+    def __init__(self, dm: DraftModel, step, *, static_width: int = 0, cache_len: int | None = None):
         self.dm, self.step, self.static_width = dm, step, static_width
+        self.cache_len = cache_len
 
     def _width(self, needed: int) -> int:
-        return self.static_width or needed
+        if self.static_width or self.cache_len is None:
+            return self.static_width or needed
+        return mask_width(needed, self.cache_len, static=False, device=self.dm.device)
 
     def chain(self, root_logits, root_hidden, *, root_pos: int, scratch: int, steps: int,
               temperature: float = 0.0, gen=None) -> DraftTree:

@@ -25,8 +25,9 @@ import torch
 
 from eaglekb.engine import verify as V
 from eaglekb.engine.cuda_graphs import Graphed
+from eaglekb.engine.loop import DecodeLoop
 from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
-from eaglekb.engine.kv import causal_rows, tree_rows
+from eaglekb.engine.kv import causal_rows, mask_width, tree_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
 from eaglekb.io.errors import BadInput
@@ -91,7 +92,7 @@ class Engine:
     GRAPHED_EXTEND = 16  # drafter extends up to this many positions run through Graphed (CUDA graphs)
 
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
-                 graphs: bool = False, max_nodes: int = 64, seed: int = 0):
+                 graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0):
         self.target, self.drafter = target, drafter
         self.device = target.device
         self.max_len = max_len or target.max_len
@@ -99,30 +100,47 @@ class Engine:
             raise BadInput("cache longer than the rope table", where="max_len",
                            expected=f"<= {target.max_len}", found=str(self.max_len))
         self.graphs = bool(graphs) and self.device.type == "cuda"
+        # inductor-compiled layers inside the graphs (fixed shapes only); default: on with graphs
+        self.compiled = self.graphs if compile is None else bool(compile)
+        if self.compiled:
+            target.compile()
+            if drafter is not None:
+                drafter.compile()
         self.tkv = target.new_cache(self.max_len)
         self.dkv = drafter.new_cache(self.max_len + max_nodes) if drafter is not None else None
         self.max_nodes = max_nodes
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
-        self._target_step = Graphed(lambda ids, pos, slots, mask: target(ids, pos, slots, mask, self.tkv),
+        c = self.compiled
+        self._target_step = Graphed(lambda ids, pos, slots, mask: target(ids, pos, slots, mask, self.tkv, compiled=c),
                                     enabled=self.graphs)
+        self._loop = DecodeLoop(self) if self.graphs else None
         if drafter is not None:
-            self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv),
+            self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv,
+                                                                                 compiled=c),
                                        enabled=self.graphs)
-            self.drafting = Drafting(drafter, self._draft_step,
-                                     static_width=self.dkv.max_len if self.graphs else 0)
+            self.drafting = Drafting(drafter, self._draft_step, static_width=self.dkv.max_len if self.graphs else 0,
+                                     cache_len=self.dkv.max_len)
 
     def seed(self, seed: int) -> None:
         self.gen.manual_seed(seed)
 
     @property
     def capture_s(self) -> float:
-        total = self._target_step.capture_s
+        total = self._target_step.capture_s + (self._loop.capture_s if self._loop is not None else 0.0)
         return total + (self._draft_step.capture_s if self.drafter is not None else 0.0)
 
     # ------------------------------------------------------------------ checks
 
+    def pad_rows(self, n: int) -> int:
+        """Query rows to run for ``n`` tokens. On CPU, 2-3 rows take a slow GEMM path in MKL/oneDNN
+        (1.8-2.5x a 1-row step on smollm2, far worse on a loaded machine) while 4 or 8 rows cost
+        about one row's weight traffic: multi-token steps are padded to a multiple of 4 there."""
+        if self.device.type == "cpu" and n >= 2:
+            return -(-n // 4) * 4
+        return n
+
     def check_fits(self, prompt_len: int, max_new_tokens: int, nodes: int = 0) -> None:
-        need = prompt_len + max_new_tokens + nodes + 1
+        need = prompt_len + max_new_tokens + (self.pad_rows(nodes + 1) if nodes else 1)
         if prompt_len < 1:
             raise BadInput("empty prompt", where="prompt", expected=">= 1 token", found="0")
         if need > self.max_len:
@@ -142,7 +160,7 @@ class Engine:
         return ids
 
     def _width(self, needed: int) -> int:
-        return self.max_len if self.graphs else needed
+        return mask_width(needed, self.max_len, static=self.graphs, device=self.device)
 
     def _pick(self, logits: torch.Tensor, temperature: float) -> int:
         if temperature <= 0:
@@ -170,11 +188,18 @@ class Engine:
         """Drafter over verified positions ``start..start+n-1``: aux[j] with token j+1 (``tokens``)."""
         dev = self.device
         n = len(tokens)
-        ar = torch.arange(start, start + n, device=dev)
-        mask = causal_rows(start, n, self.dkv.max_len if self.graphs else start + n, dev)
-        ids = torch.tensor([tokens], device=dev)
         if n <= self.GRAPHED_EXTEND:  # cycle extends (accepted + bonus): few shapes, graphable
-            return self._draft_step(ids, aux.view(1, n, -1), ar, ar, mask)
+            rows = self.pad_rows(n)  # padding rows sit after the real ones; drafting overwrites their slots
+            ar = torch.arange(start, start + rows, device=dev)
+            width = mask_width(start + rows, self.dkv.max_len, static=self.graphs, device=dev)
+            ids = torch.tensor([tokens + tokens[-1:] * (rows - n)], device=dev)
+            if rows > n:
+                aux = torch.cat([aux, aux[-1:].expand(rows - n, -1)])
+            logits, hidden = self._draft_step(ids, aux.view(1, rows, -1), ar, ar, causal_rows(start, rows, width, dev))
+            return logits[:, :n], hidden[:, :n]
+        ar = torch.arange(start, start + n, device=dev)
+        mask = causal_rows(start, n, mask_width(start + n, self.dkv.max_len, static=self.graphs, device=dev), dev)
+        ids = torch.tensor([tokens], device=dev)
         return self.drafter(ids, aux.view(1, n, -1), ar, ar, mask, self.dkv)  # the prompt: eager
 
     def draft(self, root_logits, root_hidden, m: int, cfg: SpecConfig) -> DraftTree:
@@ -189,12 +214,13 @@ class Engine:
         dev = self.device
         base = m - 1
         n = len(tree) + 1
-        ids = torch.tensor([[root] + tree.tokens], device=dev)
-        pos = torch.tensor([base] + [base + d for d in tree.depths], device=dev)
-        slots = torch.arange(base, base + n, device=dev)
-        mask = tree_rows(base, [-1] + [p + 1 for p in tree.parents], self._width(base + n), dev)
+        pad = self.pad_rows(n) - n  # padding rows: the root again, seeing only the prefix and themselves
+        ids = torch.tensor([[root] + tree.tokens + [root] * pad], device=dev)
+        pos = torch.tensor([base] + [base + d for d in tree.depths] + [base] * pad, device=dev)
+        slots = torch.arange(base, base + n + pad, device=dev)
+        mask = tree_rows(base, [-1] + [p + 1 for p in tree.parents] + [-1] * pad, self._width(base + n + pad), dev)
         logits, aux = self._target_step(ids, pos, slots, mask)
-        return logits[0], aux[0]
+        return logits[0, :n], aux[0, :n]
 
     def accept(self, tree: DraftTree, logits: torch.Tensor, cfg: SpecConfig) -> tuple[list[int], int]:
         if cfg.temperature <= 0:
@@ -226,9 +252,12 @@ class Engine:
         logits, _ = self.prefill(ids)
         out = [self._pick(logits[0, -1], temperature)]
         timer.mark("decode")
-        while len(out) < max_new_tokens and out[-1] not in stop_ids:
-            logits, _ = self.decode_one(out[-1], n + len(out) - 1)
-            out.append(self._pick(logits[0, -1], temperature))
+        if self._loop is not None and temperature <= 0:
+            out = self._loop.run(out[0], n, max_new_tokens, stop_ids)
+        else:
+            while len(out) < max_new_tokens and out[-1] not in stop_ids:
+                logits, _ = self.decode_one(out[-1], n + len(out) - 1)
+                out.append(self._pick(logits[0, -1], temperature))
         timer.stop()
         return GenResult(tokens=out, prompt_len=n, times=timer.totals())
 

@@ -7,9 +7,16 @@ auxiliary hidden states EAGLE-3 reads (the residual stream entering each capture
 layer, the convention of ``eaglekb.models.target``). Shapes depend only on the number of
 query tokens and the mask width, so a step can be captured in a CUDA graph.
 
+Speed (docs/reference/engine.md has the measurements): q/k/v and gate/up are fused
+into one matmul each at load time; one decoder layer is a plain function
+(``decoder_layer``) that ``compile()`` hands to ``torch.compile`` (inductor fuses the
+norms, RoPE, residual adds and SiLU-mul); the compiled layer is used only for
+fixed-shape steps (``compiled=True``, inside CUDA graphs), the prompt prefill stays
+eager so prompts of any length never trigger a recompile.
+
 Why not call the HF module: its cache API changes between transformers releases
 (5.17 on the GPU machine, 5.24 here) and its StaticCache failed on the GPU. The
-weights are the HF module's own tensors (no copy); ``tests/test_engine.py`` checks
+unfused weights are the HF module's own tensors (no copy); ``tests/engine`` checks
 the logits against HF's forward.
 
 Knows nothing about drafters, decoding policy or timing.
@@ -22,42 +29,55 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
-from eaglekb.engine.kv import StaticKV
+from eaglekb.engine.kv import StaticKV, write_slots
 from eaglekb.io.errors import Incompatible
-from eaglekb.models.layers import apply_rope, rms_norm, rope_tables, rope_theta
+from eaglekb.models.layers import apply_rope, attend, rms_norm, rope_tables, rope_theta, swiglu_fused
 
 SUPPORTED = ("llama", "qwen2")
 
 
-def attention(x, wq, wk, wv, wo, bq, bk, bv, *, n_heads, n_kv, head_dim, cos, sin,
-              kv: StaticKV, layer: int, slots, mask) -> torch.Tensor:
-    """GQA attention: project, rotate, write K/V at ``slots``, attend through ``mask [T,S]``."""
+def decoder_layer(x, cos, sin, wqkv, bqkv, wo, ln1, ln2, wgu, wdown, k_cache, v_cache, slots, mask,
+                  n_heads: int, n_kv: int, head_dim: int, eps: float) -> torch.Tensor:
+    """One pre-norm decoder layer over ``x [B,T,H]``; writes K/V at ``slots`` and attends through ``mask``.
+
+    ``cos/sin`` ``[T,D]`` (or ``[B,1,T,D]`` per row), ``k_cache/v_cache`` the layer's
+    ``[B,Hkv,S,D]`` buffers, ``slots [T]`` (or ``[B,T]``), ``mask [T,W]`` (or ``[B,T,W]``), W <= S.
+    """
     b, t, _ = x.shape
-    q = F.linear(x, wq, bq).view(b, t, n_heads, head_dim).transpose(1, 2)
-    k = F.linear(x, wk, bk).view(b, t, n_kv, head_dim).transpose(1, 2)
-    v = F.linear(x, wv, bv).view(b, t, n_kv, head_dim).transpose(1, 2)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    keys, values = kv.write(layer, slots, k, v)
+    h = rms_norm(x, ln1, eps)
+    q, k, v = F.linear(h, wqkv, bqkv).split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
+    q = apply_rope(q.view(b, t, n_heads, head_dim).transpose(1, 2), cos, sin)
+    k = apply_rope(k.view(b, t, n_kv, head_dim).transpose(1, 2), cos, sin)
+    v = v.view(b, t, n_kv, head_dim).transpose(1, 2)
+    write_slots(k_cache, slots, k)
+    write_slots(v_cache, slots, v)
     width = mask.shape[-1]
-    out = F.scaled_dot_product_attention(q, keys[:, :, :width], values[:, :, :width],
-                                         attn_mask=mask, enable_gqa=n_heads != n_kv)
-    return F.linear(out.transpose(1, 2).reshape(b, t, n_heads * head_dim), wo)
+    out = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
+    x = x + F.linear(out.transpose(1, 2).reshape(b, t, n_heads * head_dim), wo)
+    return x + swiglu_fused(rms_norm(x, ln2, eps), wgu, wdown)
 
 
 @dataclass
 class LayerWeights:
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
+    """One layer's weights, q/k/v and gate/up fused (``[(Hq+2Hkv)D, H]`` and ``[2I, H]``)."""
+
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
     wo: torch.Tensor
-    bq: torch.Tensor | None
-    bk: torch.Tensor | None
-    bv: torch.Tensor | None
     ln1: torch.Tensor
     ln2: torch.Tensor
-    gate: torch.Tensor
-    up: torch.Tensor
+    wgu: torch.Tensor
     down: torch.Tensor
+
+    @classmethod
+    def from_hf(cls, layer) -> "LayerWeights":
+        a, m = layer.self_attn, layer.mlp
+        biases = [p.bias for p in (a.q_proj, a.k_proj, a.v_proj)]
+        bqkv = None if any(b is None for b in biases) else torch.cat([b.detach() for b in biases])
+        return cls(torch.cat([a.q_proj.weight.detach(), a.k_proj.weight.detach(), a.v_proj.weight.detach()]),
+                   bqkv, a.o_proj.weight.detach(), layer.input_layernorm.weight.detach(),
+                   layer.post_attention_layernorm.weight.detach(),
+                   torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), m.down_proj.weight.detach())
 
 
 class TargetModel:
@@ -84,49 +104,51 @@ class TargetModel:
         self.lm_head = hf_model.lm_head.weight.detach()
         self.dtype = self.embed_weight.dtype
         self.device = self.embed_weight.device
-        self.layers = []
-        for layer in body.layers:
-            a, m = layer.self_attn, layer.mlp
-            bias = lambda lin: None if lin.bias is None else lin.bias.detach()  # noqa: E731
-            self.layers.append(LayerWeights(
-                a.q_proj.weight.detach(), a.k_proj.weight.detach(), a.v_proj.weight.detach(),
-                a.o_proj.weight.detach(), bias(a.q_proj), bias(a.k_proj), bias(a.v_proj),
-                layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                m.gate_proj.weight.detach(), m.up_proj.weight.detach(), m.down_proj.weight.detach()))
+        self.layers = [LayerWeights.from_hf(layer) for layer in body.layers]
         self.max_len = max_len
         self.cos, self.sin = rope_tables(rope_theta(cfg), self.head_dim, max_len, self.device)
+        self._compiled = None
 
-    def new_cache(self, max_len: int | None = None) -> StaticKV:
+    def compile(self) -> None:
+        """Compile one decoder layer with inductor for the fixed-shape steps (idempotent)."""
+        if self._compiled is None:
+            self._compiled = torch.compile(decoder_layer, dynamic=False, fullgraph=True)
+
+    def new_cache(self, max_len: int | None = None, batch: int = 1) -> StaticKV:
         return StaticKV(self.n_layers, self.n_kv, self.head_dim, max_len or self.max_len,
-                        dtype=self.dtype, device=self.device)
+                        dtype=self.dtype, device=self.device, batch=batch)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
 
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for ``positions [T]`` (``[T,D]``) or per row ``[B,T]`` (``[B,1,T,D]``)."""
+        cos, sin = self.cos[positions], self.sin[positions]
+        return (cos[:, None], sin[:, None]) if positions.dim() == 2 else (cos, sin)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(rms_norm(x, self.norm_weight, self.eps), self.lm_head)
+
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                kv: StaticKV, *, last_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run ``ids [B,T]`` at ``positions [T]``, caching K/V at ``slots [T]``.
+                kv: StaticKV, *, last_only: bool = False, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``ids [B,T]`` at ``positions [T]`` (or ``[B,T]``), caching K/V at ``slots``.
 
         Returns logits ``[B,T,V]`` (``[B,1,V]`` with ``last_only``) and the aux
         hidden states ``[B,T,3H]`` (capture points concatenated in order).
         """
         x = self.embed(ids)
-        cos, sin = self.cos[positions], self.sin[positions]
+        cos, sin = self.rope(positions)
+        layer = self._compiled if compiled and self._compiled is not None else decoder_layer
         captured = {}
         for i, w in enumerate(self.layers):
             if i in self.capture_points:
                 captured[i] = x
-            h = rms_norm(x, w.ln1, self.eps)
-            x = x + attention(h, w.wq, w.wk, w.wv, w.wo, w.bq, w.bk, w.bv, n_heads=self.n_heads,
-                              n_kv=self.n_kv, head_dim=self.head_dim, cos=cos, sin=sin, kv=kv, layer=i,
-                              slots=slots, mask=mask)
-            h = rms_norm(x, w.ln2, self.eps)
-            x = x + F.linear(F.silu(F.linear(h, w.gate)) * F.linear(h, w.up), w.down)
+            x = layer(x, cos, sin, w.wqkv, w.bqkv, w.wo, w.ln1, w.ln2, w.wgu, w.down, kv.k[i], kv.v[i],
+                      slots, mask, self.n_heads, self.n_kv, self.head_dim, self.eps)
         aux = torch.cat([captured[c] for c in self.capture_points], dim=-1)
         if last_only:
             x = x[:, -1:]
-        logits = F.linear(rms_norm(x, self.norm_weight, self.eps), self.lm_head)
-        return logits, aux
+        return self.head(x), aux
 
     __call__ = forward

@@ -32,10 +32,13 @@ from typing import Any, Callable
 
 import torch
 
+from eaglekb.data.prompts import eval_prompts
 from eaglekb.measure import setup as runsetup
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.timing import PhaseTimer, stats, wall
+from eaglekb.engine.profile import profile_engine
 from eaglekb.io.errors import BadInput
+from eaglekb.io.files import flatten
 
 
 @dataclass
@@ -57,6 +60,8 @@ class BenchConfig:
     peers: list[str] = field(default_factory=lambda: ["hf_generate", "hf_prompt_lookup", "hf_static_compile"])
     prompt_lookup_tokens: int = 10
     seed: int = 0
+    compile: str = "auto"  # auto: inductor-compiled layers inside the CUDA graphs; on; off
+    profile: bool = False  # CUDA: kernels per decode / verify / draft step (torch.profiler)
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
@@ -167,47 +172,46 @@ def _graphs_modes(cfg: BenchConfig) -> tuple[bool, bool]:
     return main, cuda and cfg.graphs == "both"
 
 
-def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
-    """Measure every method on the same prompts, alternating, with warm-up and repeats."""
-    from tqdm.auto import tqdm
-
+def _check(cfg: BenchConfig) -> list[SpecConfig]:
     if cfg.repeats < 1 or cfg.warmup < 0:
         raise BadInput("repeats must be >= 1 and warm-up >= 0", where="--repeats/--warmup",
                        found=f"{cfg.repeats}/{cfg.warmup}")
+    if cfg.compile not in ("auto", "on", "off"):
+        raise BadInput("unknown compile mode", where="--compile", expected="auto, on or off", found=repr(cfg.compile))
     specs = cfg.specs()
     unknown = [p for p in cfg.peers if p not in PEERS]
     if unknown:
         raise BadInput("unknown peer", where="--peers", expected=", ".join(PEERS), found=repr(unknown[0]))
     if specs and cfg.drafter is None:
         raise BadInput("speculative methods need a drafter", where="--drafter", found="none")
-    graphed, compare_graphs = _graphs_modes(cfg)
-    loaded = runsetup.load(cfg.target, cfg.drafter, device=cfg.device, dtype=cfg.dtype)
-    pset = runsetup.prompt_set(cfg.prompts, cfg.num_prompts)
-    prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
-    nodes = max((s.nodes for s in specs), default=0)
-    max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 1, limit=loaded.target.max_len)
-    engines = {"main": Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, seed=cfg.seed)}
-    for p in prompts:
-        engines["main"].check_fits(len(p), cfg.max_new_tokens, nodes)
-    failures: dict[str, str] = {}
-    methods = _methods(cfg, loaded, engines, specs, failures)
+    return specs
 
-    # warm-up (compile, graph capture, caches): not timed
+
+def _compile_flag(cfg: BenchConfig) -> bool | None:
+    return None if cfg.compile == "auto" else cfg.compile == "on"
+
+
+def _warm_up(cfg: BenchConfig, methods: list[Method], prompt: list[int], failures: dict) -> None:
+    """Compile, graph capture, caches: not timed. A peer that fails is recorded; our own methods must work."""
     for m in list(methods):
         try:
             for _ in range(cfg.warmup):
-                m.run(prompts[0])
-        except Exception as exc:  # a peer that fails is recorded, not fatal; our own methods must work
+                m.run(prompt)
+        except Exception as exc:
             if m.name not in PEERS:
                 raise
             failures[m.name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
             methods.remove(m)
 
+
+def _timed_passes(cfg: BenchConfig, methods: list[Method], prompts: list[list[int]], progress: bool):
+    """``repeats`` passes, methods alternated prompt by prompt; per pass tok/s, cycle split and accept length."""
+    from tqdm.auto import tqdm
+
     per_method: dict[str, list[float]] = {m.name: [] for m in methods}
     cycles: dict[str, dict[str, list[float]]] = {m.name: {} for m in methods if m.is_spec}
     accept: dict[str, list[float]] = {m.name: [] for m in methods if m.is_spec}
-    total = cfg.repeats * len(prompts) * len(methods)
-    bar = tqdm(total=total, desc="bench", disable=not progress, leave=False)
+    bar = tqdm(total=cfg.repeats * len(prompts) * len(methods), desc="bench", disable=not progress, leave=False)
     for rep in range(cfg.repeats):
         toks = {m.name: 0 for m in methods}
         secs = {m.name: 0.0 for m in methods}
@@ -237,7 +241,10 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
                     1000 * sum(phases[m.name].get(k, 0.0) for k in ("draft", "verify", "overhead")) / c)
                 accept[m.name].append(acc[m.name] / c)
     bar.close()
+    return per_method, cycles, accept
 
+
+def _metrics(per_method, cycles, accept, specs: list[SpecConfig]) -> tuple[dict, dict]:
     metrics: dict[str, Any] = {}
     spread: dict[str, float] = {}
     for name, values in per_method.items():
@@ -250,39 +257,73 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
                 spread[f"{name}.{k}"] = stats(vals)["range"]
             metrics[name]["accept_len"] = stats(accept[name])["median"]
     base = metrics["engine"]["median_tok_s"]
-    hf = metrics.get("hf_generate", {}).get("median_tok_s")
-    hfc = metrics.get("hf_static_compile", {}).get("median_tok_s")
+    for peer, key in (("hf_generate", "vs_hf_generate_x"), ("hf_static_compile", "vs_hf_static_compile_x")):
+        ref = metrics.get(peer, {}).get("median_tok_s")
+        if ref:
+            metrics["engine"][key] = base / ref
     for s in specs:
         m = metrics[spec_name(s)]
         m["vs_engine_x"] = m["median_tok_s"] / base
-        if hf:
-            m["vs_hf_generate_x"] = m["median_tok_s"] / hf
-        if hfc:
-            m["vs_hf_static_compile_x"] = m["median_tok_s"] / hfc
-    if compare_graphs:
-        metrics["graphs"] = eager_vs_graphed(loaded, prompts[0], specs[0] if specs else None, max_len, cfg)
-    if graphed:
-        metrics["engine"]["capture_s"] = engines["main"].capture_s
+        for peer, key in (("hf_generate", "vs_hf_generate_x"), ("hf_static_compile", "vs_hf_static_compile_x")):
+            ref = metrics.get(peer, {}).get("median_tok_s")
+            if ref:
+                m[key] = m["median_tok_s"] / ref
+    return metrics, spread
+
+
+def _summary(metrics: dict, specs: list[SpecConfig]) -> str:
+    base = metrics["engine"]["median_tok_s"]
     best = max((spec_name(s) for s in specs), key=lambda n: metrics[n]["median_tok_s"], default=None)
     summary = f"engine {base:.1f} tok/s"
     if best:
-        summary += (f"; best {best} {metrics[best]['median_tok_s']:.1f} tok/s "
-                    f"({metrics[best]['vs_engine_x']:.2f}x engine"
-                    + (f", {metrics[best]['vs_hf_generate_x']:.2f}x hf generate" if hf else "") + ")"
-                    f", accept_len {metrics[best]['accept_len']:.2f}")
+        b = metrics[best]
+        summary += (f"; best {best} {b['median_tok_s']:.1f} tok/s ({b['vs_engine_x']:.2f}x engine"
+                    + (f", {b['vs_hf_generate_x']:.2f}x hf generate" if "vs_hf_generate_x" in b else "")
+                    + (f", {b['vs_hf_static_compile_x']:.2f}x hf static+compile" if "vs_hf_static_compile_x" in b
+                       else "") + f"), accept_len {b['accept_len']:.2f}")
+    return summary
+
+
+def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
+    """Measure every method on the same prompts, alternating, with warm-up and repeats."""
+    specs = _check(cfg)
+    graphed, compare_graphs = _graphs_modes(cfg)
+    loaded = runsetup.load(cfg.target, cfg.drafter, device=cfg.device, dtype=cfg.dtype)
+    pset = eval_prompts(cfg.prompts, cfg.num_prompts)
+    prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
+    nodes = max((s.nodes for s in specs), default=0)
+    max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 4, limit=loaded.target.max_len)
+    engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_compile_flag(cfg),
+                    seed=cfg.seed)
+    for p in prompts:
+        engine.check_fits(len(p), cfg.max_new_tokens, nodes)
+    failures: dict[str, str] = {}
+    methods = _methods(cfg, loaded, {"main": engine}, specs, failures)
+    _warm_up(cfg, methods, prompts[0], failures)
+    metrics, spread = _metrics(*_timed_passes(cfg, methods, prompts, progress), specs)
     config = asdict(cfg)
+    if compare_graphs:
+        metrics["graphs"] = eager_vs_graphed(loaded, prompts[0], specs[0] if specs else None, max_len, cfg)
+    if graphed:
+        metrics["engine"]["capture_s"] = engine.capture_s
+        if cfg.profile:
+            prof = profile_engine(engine, prompts[0], specs[0] if specs else None)
+            config["profile_top_kernels"] = {step: p.pop("top") for step, p in prof.items()}
+            metrics["profile"] = prof
     config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
     config["graphs_main"] = graphed
+    config["compiled_main"] = engine.compiled
     config["max_len"] = max_len
     return BenchReport(config=config, prompts_manifest=pset.manifest, metrics=metrics, spread=spread,
-                       failures=failures, summary=summary)
+                       failures=failures, summary=_summary(metrics, specs))
 
 
 def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len: int, cfg: BenchConfig) -> dict:
     """Per-step times of the plain decode and the speculative cycle, eager versus CUDA-graphed."""
     out: dict[str, Any] = {}
     for mode, flag in (("eager", False), ("graphed", True)):
-        eng = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=flag, seed=cfg.seed)
+        eng = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=flag,
+                     compile=_compile_flag(cfg) if flag else False, seed=cfg.seed)
         for _ in range(2):  # warm-up and capture
             eng.generate(prompt, 16)
             if spec is not None:
@@ -307,7 +348,7 @@ def render_text(r: BenchReport) -> str:
              f"{r.prompts_manifest.get('count')} prompts x {r.config['max_new_tokens']} new tokens, "
              f"{r.config['repeats']} repeats (median, range)"]
     for name, m in r.metrics.items():
-        if name == "graphs" or "median_tok_s" not in m:
+        if name in ("graphs", "profile") or "median_tok_s" not in m:
             continue
         line = f"  {name:<28} {m['median_tok_s']:8.2f} tok/s  (range {r.spread.get(name + '.median_tok_s', 0):.2f})"
         if "cycle_ms" in m:
@@ -320,6 +361,12 @@ def render_text(r: BenchReport) -> str:
         g = r.metrics["graphs"]
         for mode in ("eager", "graphed"):
             lines.append(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in g[mode].items()))
+    for step, p in r.metrics.get("profile", {}).items():
+        kinds = ", ".join(f"{k[:-3]} {v:.3f}" for k, v in p["by_kind"].items())
+        lines.append(f"  profile {step}: {p['kernels_count']:.0f} kernels, {p['kernel_ms']:.3f} ms in kernels, "
+                     f"{p['wall_ms']:.3f} ms wall per replay ({kinds})")
+        for top in r.config.get("profile_top_kernels", {}).get(step, [])[:5]:
+            lines.append(f"      {top}")
     for k, v in r.failures.items():
         lines.append(f"  {k}: not measured ({v})")
     lines.append(r.summary)
@@ -328,8 +375,6 @@ def render_text(r: BenchReport) -> str:
 
 def noise(r: BenchReport) -> dict:
     """Range over repeats per metric; comparisons allow 25% (throughput on shared machines moves)."""
-    from eaglekb.kb.baselines import flatten
-
     paths = set(flatten(r.metrics))
     return {"repeats": r.config["repeats"], "spread_kind": "range",
             "spread": {k: v for k, v in r.spread.items() if k in paths}, "tolerance_rel": 0.25}

@@ -90,11 +90,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
            causal: bool = False) -> torch.Tensor:
     """Attention of ``q [B,Hq,T,D]`` over ``k, v [B,Hkv,S,D]`` (grouped-query when Hq > Hkv).
 
-    ``mask [T,S]`` (bool, True = visible) or ``causal``. K/V heads are repeated to the
-    query heads, which every SDPA backend accepts (``enable_gqa`` narrows the choice).
+    ``mask`` (bool, True = visible) is ``[T,S]`` or per row ``[B,T,S]``; or ``causal``.
+    With a mask, the query heads that share a K/V head are folded into the query rows
+    (``[B,Hkv,G*T,D]``), so K/V are read in place, never copied, and any SDPA backend
+    applies; causal attention repeats K/V heads instead and keeps the fused causal
+    kernels (training over long sequences).
     """
-    rep = q.shape[1] // k.shape[1]
-    if rep > 1:
-        k = k.repeat_interleave(rep, dim=1)
-        v = v.repeat_interleave(rep, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal and mask is None)
+    b, hq, t, d = q.shape
+    g = hq // k.shape[1]
+    if mask is None:
+        if g > 1:
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if g > 1:
+        q = q.reshape(b, hq // g, g * t, d)
+        mask = mask.repeat(g, 1) if mask.dim() == 2 else mask.repeat(1, g, 1)
+    if mask.dim() == 3:
+        mask = mask[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, hq, t, d)

@@ -1,0 +1,54 @@
+"""The engine on CUDA (run with ``-m gpu`` on a GPU machine): compiled + graphed paths stay exact in float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.models import tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
+
+from eaglekb.engine.batch import BatchDecoder, Request
+from eaglekb.engine.draft import DraftModel
+from eaglekb.engine.generate import Engine, SpecConfig
+from eaglekb.engine.model import TargetModel
+from eaglekb.models.target import default_capture_points
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CONFIGS = {"llama": tiny_llama_config, "qwen2": tiny_qwen2_config}
+
+
+def _cuda_pair(kind: str, max_len: int = 128):
+    cfg = CONFIGS[kind](max_position_embeddings=max_len)
+    hf = tiny_causal_lm(cfg).to("cuda")
+    tm = TargetModel(hf, default_capture_points(cfg.num_hidden_layers), max_len)
+    return tm, DraftModel(tiny_drafter(cfg).to("cuda"), tm)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_compiled_graphed_engine_is_exact_float32(kind):
+    tm, dm = _cuda_pair(kind)
+    prompt = list(range(3, 20))
+    want = Engine(tm, max_len=96).generate(prompt, 40).tokens  # eager reference
+    fast = Engine(tm, dm, max_len=96, graphs=True)
+    assert fast.compiled and fast.generate(prompt, 40).tokens == want
+    for spec in (SpecConfig(steps=3), SpecConfig(steps=1), SpecConfig(steps=4, topk=2, draft_tokens=8)):
+        assert fast.speculative(prompt, 40, spec).tokens == want
+
+
+def test_graphed_uncompiled_and_eager_widths_agree():
+    tm, dm = _cuda_pair("llama")
+    prompt = list(range(5, 30))
+    a = Engine(tm, dm, max_len=96, graphs=True, compile=False).speculative(prompt, 30, SpecConfig(steps=2)).tokens
+    b = Engine(tm, dm, max_len=96, graphs=False).speculative(prompt, 30, SpecConfig(steps=2)).tokens
+    assert a == b == Engine(tm, max_len=96).generate(prompt, 30).tokens
+
+
+def test_batch_decoder_graphed_matches_single_stream():
+    tm, _ = _cuda_pair("llama", max_len=160)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 128, (int(n),), generator=g).tolist() for n in torch.randint(2, 50, (9,), generator=g)]
+    want = [Engine(tm, max_len=128).generate(p, 24).tokens for p in prompts]
+    dec = BatchDecoder(tm, rows=4, max_len=128, graphs=True)
+    assert dec.generate([Request(p, 0.0, 24) for p in prompts]) == want
+    assert BatchDecoder(tm, rows=3, max_len=128, graphs=True).generate([Request(p, 0.0, 24) for p in prompts[1::2]]) \
+        == want[1::2]
