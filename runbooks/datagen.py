@@ -31,6 +31,10 @@ from runbooks._common import cli_errors, emit, finish
         "server_model": "model name sent to the server",
         "seed": "prompt shuffling and sampling seed",
         "threads": "torch CPU threads (default: torch's choice; 1 is fastest on a loaded shared machine)",
+        "generator": "local generation: auto (engine on CUDA, hf on CPU), hf (transformers generate) or engine "
+                     "(continuous batching over a static cache, CUDA graphs; --batch-size is its rows)",
+        "samples": "engine: extra sampled responses per prompt, one per temperature, e.g. 0.6,0.8,1.0",
+        "nproc": "processes, one per GPU, each on a disjoint share of the prompts; one merged dataset",
         "json": "print one JSON document as the last line",
         "record": "write baselines/datagen/NAME.json",
         "compare": "compare with baselines/datagen/NAME.json",
@@ -39,7 +43,8 @@ from runbooks._common import cli_errors, emit, finish
 def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=None, out=None, mode="greedy",
             temperature=0.7, top_p=0.95, max_new_tokens=256, max_len=1024, batch_size=8, shard_size=256,
             features="stored", no_final_hidden=False, dtype="bfloat16", device="cpu", device_map=None,
-            server=None, server_model="default", seed=0, json=False, record=None, compare=None, threads=None):
+            server=None, server_model="default", seed=0, json=False, record=None, compare=None, threads=None,
+            generator="auto", samples=None, nproc=1):
     """Regenerate responses with the target and store what EAGLE-3 training reads (resumable)."""
     with cli_errors():
         from pathlib import Path
@@ -50,25 +55,31 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
             torch.set_num_threads(int(threads))
 
         from eaglekb.data import datagen as dg
+        from eaglekb.data.launch import generate_dataset
         from eaglekb.data.prompts import DEFAULT_CORPORA, training_prompts
         from eaglekb.models import sources
+
+        from runbooks._common import parse_floats
 
         path = sources.resolve(str(target))
         prompts = training_prompts(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))
         cfg = dg.DatagenConfig(max_new_tokens=int(max_new_tokens), max_len=int(max_len), batch_size=int(batch_size),
                                mode=mode, temperature=float(temperature), top_p=float(top_p), seed=int(seed),
                                shard_size=int(shard_size), features=features, store_final_hidden=not no_final_hidden,
-                               dtype=dtype)
+                               dtype=dtype, sample_temperatures=tuple(parse_floats(samples, "--samples")),
+                               generator=("engine" if str(device).startswith("cuda") else "hf")
+                               if generator == "auto" else generator)
         name = Path(str(target)).name
         out = Path(out) if out else Path(".eaglekb/datasets") / f"{name}-{len(prompts)}-{mode}"
-        manifest = dg.build(path, prompts, out, cfg, device=device, device_map=device_map, server=server,
-                            server_model=server_model, progress=not json)
+        manifest = generate_dataset(path, prompts, out, cfg, nproc=int(nproc), device=device, device_map=device_map,
+                                    server=server, server_model=server_model, progress=not json)
         doc = {"out": str(out), "totals": manifest["totals"], "last_run": manifest.get("last_run"),
                "prompts": manifest.get("prompts")}
-        metrics = {k: v for k, v in dg.storage_report(manifest).items() if v is not None}
+        metrics = {k: v for k, v in dg.storage_report(manifest).items() if v not in (None, {})}
         config = {"target": str(target), "corpus": list(corpus or DEFAULT_CORPORA) if not prompts_file else None,
                   "prompts_file": prompts_file, "per_source": int(per_source), "device": device,
-                  "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, **cfg.__dict__}
+                  "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, "nproc": int(nproc),
+                  "prompts_manifest": prompts.manifest, **cfg.__dict__}
         doc.update(finish(kind="datagen", record=record, compare=compare, config=config, metrics=metrics,
                           noise=dg.NOISE, summary=f"{metrics['bytes_per_token_bytes']} bytes/token on disk "
                           f"({metrics['hidden_state_bytes_per_token_bytes']} of them hidden states), "
@@ -78,4 +89,17 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
         text += f"\nrecorded {doc['baseline_id']} -> {doc['recorded']}"
     if "comparison_text" in doc:
         text += "\n" + doc["comparison_text"]
+    emit(doc, text, json)
+
+
+@task(help={"a": "dataset folder", "b": "another dataset folder (e.g. the same prompts made on more GPUs)",
+            "json": "print one JSON document as the last line"})
+def compare(c, a, b, json=False):
+    """Sequence by sequence, by id: how many are identical in two datasets (determinism, sharding checks)."""
+    with cli_errors():
+        from eaglekb.formats.shards import compare_datasets
+
+        doc = compare_datasets(a, b)
+    text = (f"{doc['common_count']} sequences in both: {doc['equal_count']} identical, {doc['different_count']} "
+            f"different; {doc['only_a_count']} only in {a}, {doc['only_b_count']} only in {b}")
     emit(doc, text, json)

@@ -36,7 +36,8 @@ from typing import Any
 
 from eaglekb.data.chat import chat_prefix_ids, conversation_ids
 from eaglekb.data.features import featurise, pack, save_target_head
-from eaglekb.data.generation import generate_responses, load_target, progress_bar, regenerate_via_server
+from eaglekb.data.generation import (EngineGenerator, generate_responses, load_target, progress_bar,
+                                     regenerate_via_server)
 from eaglekb.formats.shards import (FORMAT, FORMAT_VERSION, HEAD_FILE, MANIFEST, SHARD_GLOB, read_manifest,
                                     shard_name, write_shard)
 from eaglekb.io.errors import BadInput, Incompatible
@@ -49,6 +50,7 @@ NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.25,
 RESPONSES = "responses.jsonl"
 MODES = ("greedy", "sampled")
 FEATURES = ("stored", "online")
+GENERATORS = ("hf", "engine")
 
 
 @dataclass
@@ -67,6 +69,8 @@ class DatagenConfig:
     store_final_hidden: bool = True  # keep the target's final hidden (soft targets)
     dtype: str = "bfloat16"  # storage dtype of hidden states
     source: str = "local"  # local (transformers generate) or sglang (server responses)
+    generator: str = "hf"  # local generation: hf (transformers generate) or engine (continuous batching, graphs)
+    sample_temperatures: tuple = ()  # engine: extra sampled responses per prompt, one per temperature
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -80,9 +84,29 @@ class DatagenConfig:
         for name in ("max_new_tokens", "max_len", "batch_size", "shard_size"):
             if int(getattr(self, name)) < 1:
                 raise BadInput("must be positive", where=name, expected=">= 1", found=str(getattr(self, name)))
-        if self.mode == "sampled" and not self.temperature > 0:
-            raise BadInput("sampled mode needs a positive temperature", where="temperature", expected="> 0",
+        if self.mode == "sampled" and not 0 < self.temperature <= 2:
+            raise BadInput("sampled mode needs a temperature in (0, 2]", where="--temperature", expected="0 < t <= 2",
                            found=str(self.temperature))
+        if self.generator not in GENERATORS:
+            raise BadInput("unknown generator", where="--generator", expected=" or ".join(GENERATORS),
+                           found=repr(self.generator))
+        self.sample_temperatures = tuple(float(x) for x in self.sample_temperatures)
+        bad = [x for x in self.sample_temperatures if not 0 < x <= 2]
+        if bad:
+            raise BadInput("sample temperature out of range", where="--samples", expected="0 < t <= 2",
+                           found=str(bad[0]))
+        if self.sample_temperatures and self.generator != "engine":
+            raise BadInput("extra sampled responses need the engine generator", where="--samples",
+                           expected="--generator engine", found=f"--generator {self.generator}")
+
+    def temperatures(self) -> list[float]:
+        """The responses each prompt gets: the main one (0 = greedy) and the extra samples."""
+        return [self.temperature if self.mode == "sampled" else 0.0, *self.sample_temperatures]
+
+
+def sequence_id(prompt_id: str, k: int, temperature: float) -> str:
+    """``id`` for a prompt's main response, ``id@t0.8#k`` for its k-th extra sample."""
+    return prompt_id if k == 0 else f"{prompt_id}@t{temperature:g}#{k}"
 
 
 # ----------------------------------------------------------------------------- identity and resume
@@ -172,8 +196,19 @@ def write_manifest(out: Path, manifest: dict, cfg: DatagenConfig) -> None:
         "shard_bytes": shard_bytes,
         "bytes_per_token": round(shard_bytes / tokens, 2) if tokens else None,
         "hidden_bytes_per_token": hidden_per_token,
+        "by_source": _sum_sources(shards.values()),
     }
     atomic_write_json(Path(out) / MANIFEST, manifest)
+
+
+def _sum_sources(entries) -> dict[str, dict]:
+    total: dict[str, dict] = {}
+    for e in entries:
+        for src, d in (e.get("by_source") or {}).items():
+            acc = total.setdefault(src, {"sequences": 0, "tokens": 0, "loss_tokens": 0})
+            for k in acc:
+                acc[k] += d[k]
+    return dict(sorted(total.items()))
 
 
 # ----------------------------------------------------------------------------- the run, in steps
@@ -246,6 +281,26 @@ def _generate_batch(target, batch: list, cfg: DatagenConfig, seed: int, tally: _
             for i, r in zip(ok, resp)]
 
 
+def _generate_engine(target, chunk: list, cfg: DatagenConfig, engine: EngineGenerator, tally: _Tally) -> list[tuple]:
+    """(tokens, mask, sequence id) of a whole shard through the engine: every prompt x every temperature."""
+    temps = cfg.temperatures()
+    jobs = []
+    for p in chunk:
+        pre = chat_prefix_ids(target.tokenizer, p.messages)
+        if len(pre) >= cfg.max_len - 1:
+            tally.too_long += 1
+            continue
+        jobs += [(pre, t, sequence_id(p.id, k, t)) for k, t in enumerate(temps)]
+    if not jobs:
+        return []
+    t0 = time.perf_counter()
+    resp = engine([j[0] for j in jobs], [j[1] for j in jobs], cfg.max_new_tokens)
+    tally.gen_s += time.perf_counter() - t0
+    tally.gen_tokens += sum(len(r) for r in resp)
+    return [((pre + r)[: cfg.max_len], ([0] * len(pre) + [1] * len(r))[: cfg.max_len], sid)
+            for (pre, _, sid), r in zip(jobs, resp)]
+
+
 def _tokenise_responses(target, batch: list, responses: dict[str, dict], cfg: DatagenConfig,
                         tally: _Tally) -> list[tuple]:
     """(tokens, mask, prompt id) of a batch answered by a server, through the chat template."""
@@ -277,9 +332,12 @@ def _features(target, rows: list[tuple], cfg: DatagenConfig, tally: _Tally) -> l
     return parts
 
 
-def _shard(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str, dict] | None, tally: _Tally,
-           bar) -> tuple[dict, dict] | None:
-    """One shard's tensors and metadata (None when no sequence fits max_len)."""
+def _rows(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str, dict] | None, tally: _Tally,
+          bar, engine: EngineGenerator | None) -> list[tuple]:
+    if engine is not None:
+        rows = _generate_engine(target, chunk, cfg, engine, tally)
+        bar.update(len(chunk))
+        return rows
     rows: list[tuple] = []
     for b in range(0, len(chunk), cfg.batch_size):
         batch = chunk[b:b + cfg.batch_size]
@@ -288,11 +346,31 @@ def _shard(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str,
         else:
             rows += _tokenise_responses(target, batch, responses, cfg, tally)
         bar.update(len(batch))
+    return rows
+
+
+def _by_source(rows: list[tuple], sources: dict[str, str]) -> dict[str, dict]:
+    """Sequences, tokens and loss tokens per prompt source (the domains of the mix)."""
+    out: dict[str, dict] = {}
+    for seq, mask, sid in rows:
+        src = sources.get(sid.split("@t")[0], "unknown")
+        d = out.setdefault(src, {"sequences": 0, "tokens": 0, "loss_tokens": 0})
+        d["sequences"] += 1
+        d["tokens"] += len(seq)
+        d["loss_tokens"] += int(sum(mask))
+    return out
+
+
+def _shard(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str, dict] | None, tally: _Tally,
+           bar, engine: EngineGenerator | None = None) -> tuple[dict, dict, list[str]] | None:
+    """One shard's tensors, metadata and sequence ids (None when no sequence fits max_len)."""
+    rows = _rows(target, chunk, s, cfg, responses, tally, bar, engine)
     parts = _features(target, rows, cfg, tally)
     if not rows:
         return None
-    meta = {"prompt_ids_sha256": hashlib.sha256("\n".join(r[2] for r in rows).encode()).hexdigest()}
-    return pack(parts, [len(r[0]) for r in rows]), meta
+    meta = {"prompt_ids_sha256": hashlib.sha256("\n".join(r[2] for r in rows).encode()).hexdigest(),
+            "by_source": _by_source(rows, {p.id: p.source for p in chunk})}
+    return pack(parts, [len(r[0]) for r in rows]), meta, [r[2] for r in rows]
 
 
 def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bool = True,
@@ -308,6 +386,9 @@ def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bo
     if responses is not None:
         cfg.source = "sglang"
     manifest = _start(target, prompt_set, out, cfg)
+    engine = None
+    if cfg.generator == "engine" and responses is None:
+        engine = EngineGenerator(target, rows=cfg.batch_size, max_len=cfg.max_len, seed=cfg.seed)
     tally = _Tally()
     t_start = time.perf_counter()
     bar = progress_bar(len(prompts), f"datagen -> {out.name}", progress)
@@ -317,10 +398,11 @@ def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bo
             tally.skipped += 1
             bar.update(len(chunk))
             continue
-        shard = _shard(target, chunk, s, cfg, responses, tally, bar)
+        shard = _shard(target, chunk, s, cfg, responses, tally, bar, engine)
         if shard is None:
             continue
-        manifest["shards"][name] = write_shard(out / name, *shard)
+        tensors, meta, ids = shard
+        manifest["shards"][name] = write_shard(out / name, tensors, meta, sequence_ids=ids)
         tally.written += 1
         write_manifest(out, manifest, cfg)
         if stop_after_shards is not None and tally.written >= stop_after_shards:
@@ -372,6 +454,11 @@ def storage_report(manifest: dict) -> dict:
         "generate_tok_s": last.get("generate_tok_s"),
         "features_tok_s": last.get("features_tok_s"),
         "wall_s": last.get("wall_s"),
+        "processes_count": last.get("processes_count", 1),
+        "responses_per_prompt_count": len(ident["config"].get("sample_temperatures") or ()) + 1,
+        "by_source": {src.replace("-", "_"): {"sequences_count": d["sequences"], "tokens_count": d["tokens"],
+                                              "loss_tokens_count": d["loss_tokens"]}
+                      for src, d in (tot.get("by_source") or {}).items()},
     }
 
 

@@ -2,7 +2,10 @@
 
 Owns: loading the target for datagen (``load_target``; ``device_map`` spreads a large
 one over GPUs), batched local generation over left-padded prompts (``generate_responses``:
-greedy or sampled, each response ending at its first end-of-sequence token), and
+greedy or sampled, each response ending at its first end-of-sequence token), the
+engine's continuous batching over a static cache, CUDA-graphed (``EngineGenerator``,
+``eaglekb.engine.batch``: about 20x transformers ``generate`` on one GPU, and greedy rows
+that do not depend on which prompts share a batch or a GPU), and
 regeneration through a running SGLang server (``regenerate_via_server``) for targets
 that do not fit one GPU: one chat completion per prompt, appended as one JSON line to
 a progress file, so an interrupted run resumes (``read_progress``).
@@ -19,6 +22,8 @@ import json
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
+from eaglekb.engine.batch import BatchDecoder, Request
+from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import IntegrityError, MissingFile, Unavailable
 from eaglekb.models.server import SGLangClient
 from eaglekb.models.target import Target
@@ -105,6 +110,22 @@ def generate_responses(target, prefixes: list[list[int]], cfg: GenerationSetting
         out = target.model.generate(input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
                                     generation_config=gen)
     return [_cut_at_eos(row, eos_ids) for row in out[:, width:].tolist()]
+
+
+class EngineGenerator:
+    """Responses through the engine's ``BatchDecoder`` (one per run: its cache and graphs are reused)."""
+
+    def __init__(self, target, *, rows: int, max_len: int, seed: int = 0):
+        eos_ids, _ = _eos_and_pad(target)
+        engine_target = TargetModel(target.model, list(target.capture_points), max_len)
+        self.decoder = BatchDecoder(engine_target, rows, max_len, stop_ids=sorted(eos_ids),
+                                    graphs=engine_target.device.type == "cuda", seed=seed)
+
+    def __call__(self, prefixes: list[list[int]], temperatures: list[float], max_new_tokens: int) -> list[list[int]]:
+        """One response per (prefix, temperature): 0 is greedy; each ends at its first EOS (kept)."""
+        room = self.decoder.max_len - 2
+        reqs = [Request(p, t, max(1, min(max_new_tokens, room - len(p) + 1))) for p, t in zip(prefixes, temperatures)]
+        return self.decoder.generate(reqs)
 
 
 # ----------------------------------------------------------------------------- through a server

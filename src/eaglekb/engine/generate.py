@@ -33,6 +33,9 @@ from eaglekb.engine.timing import PhaseTimer
 from eaglekb.io.errors import BadInput
 
 
+ROW_BUCKETS = (4, 8, 16, 32, 64)
+
+
 @dataclass
 class SpecConfig:
     """Speculation settings, SGLang's names: steps, topk, draft tokens (root included)."""
@@ -132,11 +135,19 @@ class Engine:
     # ------------------------------------------------------------------ checks
 
     def pad_rows(self, n: int) -> int:
-        """Query rows to run for ``n`` tokens. On CPU, 2-3 rows take a slow GEMM path in MKL/oneDNN
-        (1.8-2.5x a 1-row step on smollm2, far worse on a loaded machine) while 4 or 8 rows cost
-        about one row's weight traffic: multi-token steps are padded to a multiple of 4 there."""
-        if self.device.type == "cpu" and n >= 2:
+        """Query rows to run for ``n`` tokens.
+
+        CPU: 2-3 rows take a slow GEMM path in MKL/oneDNN (1.8-2.5x a 1-row step on smollm2,
+        far worse on a loaded machine) while 4 or 8 rows cost about one row's weight traffic,
+        so multi-token steps are padded to a multiple of 4. CUDA graphs: every row count is a
+        captured graph and, compiled, an inductor compile, so counts are rounded up to one of
+        ``ROW_BUCKETS`` (a few extra rows cost nothing on a launch-bound GPU step)."""
+        if n < 2:
+            return n
+        if self.device.type == "cpu":
             return -(-n // 4) * 4
+        if self.graphs:
+            return next((b for b in ROW_BUCKETS if b >= n), n)
         return n
 
     def check_fits(self, prompt_len: int, max_new_tokens: int, nodes: int = 0) -> None:
@@ -189,7 +200,8 @@ class Engine:
         dev = self.device
         n = len(tokens)
         if n <= self.GRAPHED_EXTEND:  # cycle extends (accepted + bonus): few shapes, graphable
-            rows = self.pad_rows(n)  # padding rows sit after the real ones; drafting overwrites their slots
+            rows = self.pad_rows(max(n, 2) if self.graphs else n)  # padding rows after the real ones; drafting
+            # overwrites their slots before any step reads them
             ar = torch.arange(start, start + rows, device=dev)
             width = mask_width(start + rows, self.dkv.max_len, static=self.graphs, device=dev)
             ids = torch.tensor([tokens + tokens[-1:] * (rows - n)], device=dev)

@@ -32,6 +32,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 HEAD_FILE = "target_head.safetensors"
 SHARD_GLOB = "shard-*.safetensors"
+SEQUENCE_IDS = "sequence_ids"
 
 
 def shard_name(index: int) -> str:
@@ -60,9 +61,14 @@ def read_shard_tensor(file: Path, name: str):
     return read_safetensors(file, keys=[name])[name]
 
 
-def write_shard(path: Path, tensors: dict, meta: dict) -> dict:
-    """Atomically write one shard (``meta`` JSON-encoded in its header); returns its manifest entry."""
-    atomic_save_safetensors(path, tensors, metadata={k: json.dumps(v) for k, v in meta.items()})
+def write_shard(path: Path, tensors: dict, meta: dict, *, sequence_ids: list[str] | None = None) -> dict:
+    """Atomically write one shard (``meta`` JSON-encoded in its header); returns its manifest entry.
+
+    ``sequence_ids`` (one per sequence, in order) go into the header only, not the manifest."""
+    header = {k: json.dumps(v) for k, v in meta.items()}
+    if sequence_ids is not None:
+        header[SEQUENCE_IDS] = json.dumps(sequence_ids)
+    atomic_save_safetensors(path, tensors, metadata=header)
     return {
         "sequences": int(tensors["offsets"].numel() - 1),
         "tokens": int(tensors["input_ids"].numel()),
@@ -175,3 +181,41 @@ def open_dataset(path: str | Path, *, verify: str = "size") -> Dataset:
         offsets.append(off)
         index.extend((s, j) for j in range(len(off) - 1))
     return Dataset(path, manifest, files, offsets, index)
+
+
+def shard_sequence_ids(file: Path) -> list[str] | None:
+    """The sequence ids a shard's header holds (None for shards written before ids were stored)."""
+    _, meta = safetensors_keys(file)
+    raw = meta.get(SEQUENCE_IDS)
+    return json.loads(raw) if raw else None
+
+
+def content_index(path: str | Path) -> dict[str, str]:
+    """sequence id -> sha256 of its token ids and loss mask, over every shard of a dataset."""
+    ds = open_dataset(path)
+    out: dict[str, str] = {}
+    for s, file in enumerate(ds.shard_files):
+        ids = shard_sequence_ids(file)
+        if ids is None:
+            raise SchemaError("shard has no sequence ids (written by an older datagen)", where=str(file),
+                              fix="regenerate the dataset to compare it")
+        t = read_safetensors(file, keys=["input_ids", "loss_mask"])
+        off = ds.offsets[s]
+        for j, sid in enumerate(ids):
+            a, b = off[j], off[j + 1]
+            h = hashlib.sha256(t["input_ids"][a:b].numpy().tobytes())
+            h.update(t["loss_mask"][a:b].numpy().tobytes())
+            out[sid] = h.hexdigest()
+    return out
+
+
+def compare_datasets(a: str | Path, b: str | Path) -> dict:
+    """Sequence by sequence (by id, in any shard order): how many are identical, differ, or exist on one side."""
+    ia, ib = content_index(a), content_index(b)
+    both = sorted(set(ia) & set(ib))
+    differ = [k for k in both if ia[k] != ib[k]]
+    return {"sequences_a_count": len(ia), "sequences_b_count": len(ib), "common_count": len(both),
+            "equal_count": len(both) - len(differ), "different_count": len(differ),
+            "only_a_count": len(set(ia) - set(ib)), "only_b_count": len(set(ib) - set(ia)),
+            "equal_frac": (len(both) - len(differ)) / len(both) if both else 0.0,
+            "first_different": differ[:5]}

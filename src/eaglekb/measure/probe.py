@@ -190,9 +190,9 @@ def online(engine: Engine, prompts: list[list[int]], cfg: ProbeConfig, eos: tupl
     spec = cfg.spec()
     stats = OnlineStats()
     base_tokens, base_s, outputs = 0, 0.0, []
-    # warm-up (kept out of timings): one short run of each
-    engine.generate(prompts[0], 4)
-    engine.speculative(prompts[0], 4, spec)
+    # warm-up (kept out of timings; on CUDA it compiles and captures every step shape): a short run of each
+    engine.generate(prompts[0], 16)
+    engine.speculative(prompts[0], 16, spec)
     for i, p in enumerate(tqdm(prompts, desc=label, disable=not progress, leave=False)):
         engine.seed(cfg.seed + i)
         t = PhaseTimer(engine.device)
