@@ -31,6 +31,8 @@ from runbooks._common import cli_errors, emit, finish
         "eval_every": "validate every N steps (0: at the end)",
         "save_every": "checkpoint every N steps (0: at the end)",
         "resume": "continue from the newest checkpoint in --out",
+        "stop_after": "stop after N optimiser steps of this run (a checkpoint is kept; --resume continues)",
+        "min_lr_frac": "the cosine decays to lr x this (default 0)",
         "nproc": "processes through torchrun (one per GPU; gloo on CPU)",
         "device": "auto, cpu or cuda",
         "online_target": "target folder for datasets with online features",
@@ -44,7 +46,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
              intermediate_size=None, ttt_steps=7, positions="runtime", batch_size=8, max_len=1024, steps=None,
              epochs=1.0, lr=1e-4, warmup_frac=0.03, grad_clip=0.5, seed=0, val_data=None, val_fraction=0.05,
              eval_every=0, save_every=0, resume=False, nproc=1, device="auto", online_target=None, json=False,
-             record=None, compare=None, threads=None):
+             record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0):
     """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length."""
     with cli_errors():
         from pathlib import Path
@@ -68,7 +70,8 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
             steps=int(steps) if steps else None, epochs=float(epochs), lr=float(lr), warmup_frac=float(warmup_frac),
             grad_clip=float(grad_clip), seed=int(seed), val_data=val_data, val_fraction=float(val_fraction),
             eval_every=int(eval_every), save_every=int(save_every), resume=bool(resume), device=device,
-            online_target=online_target)
+            online_target=online_target, stop_after=int(stop_after) if stop_after else None,
+            min_lr_frac=float(min_lr_frac))
         if int(nproc) > 1:
             report = training.launch(cfg, int(nproc), progress=not json)
         else:

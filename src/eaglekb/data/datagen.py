@@ -409,6 +409,11 @@ def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bo
             break
     bar.close()
     manifest["last_run"] = tally.last_run(time.perf_counter() - t_start)
+    if engine is not None:
+        d = engine.decoder
+        manifest["last_run"]["engine"] = {"rows": d.rows, "compiled": d.compiled, "compile_error": d.compile_error,
+                                          "row_utilisation_frac": round(d.stats.utilisation, 4),
+                                          "capture_s": round(d.stats.capture_s, 3), "prefills": d.stats.prefills}
     write_manifest(out, manifest, cfg)
     if not manifest["shards"]:
         raise BadInput("no sequence fits max_len", where="max_len", expected="prompts shorter than max_len",

@@ -75,7 +75,7 @@ class BatchDecoder:
     """Continuous-batching generation with one target over ``rows`` cache rows of ``max_len`` slots."""
 
     def __init__(self, target: TargetModel, rows: int, max_len: int, *, stop_ids: Sequence[int] = (),
-                 graphs: bool = True, seed: int = 0, check_every: int = CHECK_EVERY):
+                 graphs: bool = True, compile: bool | None = None, seed: int = 0, check_every: int = CHECK_EVERY):
         if rows < 1 or max_len < 2:
             raise BadInput("batch decoder needs rows >= 1 and a cache of >= 2 slots", where="batch decoder",
                            found=f"rows {rows}, max_len {max_len}")
@@ -85,6 +85,9 @@ class BatchDecoder:
         self.target, self.rows, self.max_len = target, rows, max_len
         self.device = target.device
         self.graphs = graphs and self.device.type == "cuda"
+        self.compiled = self.graphs if compile is None else bool(compile)  # inductor layers inside the graph
+        if self.compiled:
+            target.compile()
         self.check_every = check_every
         self.kv = target.new_cache(max_len, batch=rows)
         dev, long = self.device, torch.long
@@ -102,6 +105,7 @@ class BatchDecoder:
         if self.graphs:  # graph replays draw from the default CUDA generator
             torch.cuda.manual_seed(seed)
         self._graph: torch.cuda.CUDAGraph | None = None
+        self.compile_error: str | None = None
         self.stats = BatchStats()
 
     # ------------------------------------------------------------------ device-side pieces
@@ -119,7 +123,7 @@ class BatchDecoder:
         """One token for every row; finished rows keep computing but change nothing."""
         pos = self.cur[:, None]
         mask = (self.cols[None, :] <= pos)[:, None, :]  # [B, 1, S]
-        logits, _ = self.target(self.tok, pos, pos, mask, self.kv, last_only=True)
+        logits, _ = self.target(self.tok, pos, pos, mask, self.kv, last_only=True, compiled=self.compiled)
         nxt = self._pick(logits[:, -1], self.temp)
         act = self.active
         idx = self.n_out.clamp(max=self.max_len - 1)
@@ -136,12 +140,14 @@ class BatchDecoder:
     def _capture(self) -> None:
         t0 = time.perf_counter()
         saved = [t.clone() for t in (self.tok, self.cur, self.n_out, self.active, self.out)]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
+        try:
+            self._warm_up()
+        except Exception as exc:  # an inductor failure must not cost the run: fall back to the eager layers
+            if not self.compiled:
+                raise
+            self.compile_error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+            self.compiled = False
+            self._warm_up()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self._step()
@@ -150,6 +156,14 @@ class BatchDecoder:
         torch.cuda.synchronize()
         self._graph = graph
         self.stats.capture_s += time.perf_counter() - t0
+
+    def _warm_up(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
 
     def _decode(self) -> None:
         if not self.graphs:

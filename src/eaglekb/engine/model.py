@@ -31,7 +31,7 @@ from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV, write_slots
 from eaglekb.io.errors import Incompatible
-from eaglekb.models.layers import apply_rope, attend, rms_norm, rope_tables, rope_theta, swiglu_fused
+from eaglekb.models.layers import apply_rope, attend, group_mask, rms_norm, rope_tables, rope_theta, swiglu_fused
 
 SUPPORTED = ("llama", "qwen2")
 
@@ -41,7 +41,8 @@ def decoder_layer(x, cos, sin, wqkv, bqkv, wo, ln1, ln2, wgu, wdown, k_cache, v_
     """One pre-norm decoder layer over ``x [B,T,H]``; writes K/V at ``slots`` and attends through ``mask``.
 
     ``cos/sin`` ``[T,D]`` (or ``[B,1,T,D]`` per row), ``k_cache/v_cache`` the layer's
-    ``[B,Hkv,S,D]`` buffers, ``slots [T]`` (or ``[B,T]``), ``mask [T,W]`` (or ``[B,T,W]``), W <= S.
+    ``[B,Hkv,S,D]`` buffers, ``slots [T]`` (or ``[B,T]``), ``mask`` the ``[T,W]`` (or ``[B,T,W]``)
+    visibility, W <= S, already repeated for the query heads of each K/V head (``group_mask``).
     """
     b, t, _ = x.shape
     h = rms_norm(x, ln1, eps)
@@ -52,7 +53,7 @@ def decoder_layer(x, cos, sin, wqkv, bqkv, wo, ln1, ln2, wgu, wdown, k_cache, v_
     write_slots(k_cache, slots, k)
     write_slots(v_cache, slots, v)
     width = mask.shape[-1]
-    out = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
+    out = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask, grouped=True)
     x = x + F.linear(out.transpose(1, 2).reshape(b, t, n_heads * head_dim), wo)
     return x + swiglu_fused(rms_norm(x, ln2, eps), wgu, wdown)
 
@@ -139,6 +140,7 @@ class TargetModel:
         """
         x = self.embed(ids)
         cos, sin = self.rope(positions)
+        mask = group_mask(mask, self.n_heads // self.n_kv)  # once per step, not once per layer
         layer = self._compiled if compiled and self._compiled is not None else decoder_layer
         captured = {}
         for i, w in enumerate(self.layers):

@@ -38,7 +38,13 @@ def _run(args: list[str], cwd: Path | None = None, timeout: float = 5.0) -> str 
 
 
 def git_state(root: Path) -> dict[str, Any]:
-    """Commit hash and whether the working tree has uncommitted changes."""
+    """Commit hash and whether the working tree has uncommitted changes.
+
+    ``EAGLEKB_GIT_COMMIT`` (and ``EAGLEKB_GIT_DIRTY``, 0 or 1) override git for a copy of the tree
+    whose ``.git`` is absent or stale, such as the working tree sent to a lent GPU machine."""
+    if os.environ.get("EAGLEKB_GIT_COMMIT"):
+        return {"git_commit": os.environ["EAGLEKB_GIT_COMMIT"],
+                "git_dirty": os.environ.get("EAGLEKB_GIT_DIRTY", "0") not in ("0", "", "false")}
     commit = _run(["git", "rev-parse", "HEAD"], cwd=root)
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root)
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}

@@ -86,15 +86,23 @@ def swiglu_fused(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> 
     return F.linear(F.silu(g) * u, down)
 
 
+def group_mask(mask: torch.Tensor, groups: int) -> torch.Tensor:
+    """A ``[T,S]`` (or ``[B,T,S]``) mask repeated for ``groups`` query heads per K/V head (see ``attend``)."""
+    if groups == 1:
+        return mask
+    return mask.repeat(groups, 1) if mask.dim() == 2 else mask.repeat(1, groups, 1)
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, *,
-           causal: bool = False) -> torch.Tensor:
+           causal: bool = False, grouped: bool = False) -> torch.Tensor:
     """Attention of ``q [B,Hq,T,D]`` over ``k, v [B,Hkv,S,D]`` (grouped-query when Hq > Hkv).
 
     ``mask`` (bool, True = visible) is ``[T,S]`` or per row ``[B,T,S]``; or ``causal``.
     With a mask, the query heads that share a K/V head are folded into the query rows
     (``[B,Hkv,G*T,D]``), so K/V are read in place, never copied, and any SDPA backend
-    applies; causal attention repeats K/V heads instead and keeps the fused causal
-    kernels (training over long sequences).
+    applies; ``grouped=True`` says the mask is already ``group_mask``-ed (done once per
+    step instead of once per layer). Causal attention repeats K/V heads instead and keeps
+    the fused causal kernels (training over long sequences).
     """
     b, hq, t, d = q.shape
     g = hq // k.shape[1]
@@ -104,7 +112,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     if g > 1:
         q = q.reshape(b, hq // g, g * t, d)
-        mask = mask.repeat(g, 1) if mask.dim() == 2 else mask.repeat(1, g, 1)
+        if not grouped:
+            mask = group_mask(mask, g)
     if mask.dim() == 3:
         mask = mask[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).reshape(b, hq, t, d)
