@@ -19,7 +19,9 @@ Knows nothing about prompts sets, baselines or the task runner.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -34,6 +36,8 @@ from eaglekb.io.errors import BadInput
 
 
 ROW_BUCKETS = (4, 8, 16, 32, 64)
+#: CPU threads for decode, draft and verify steps (see ``Engine._steps``); None keeps torch's setting.
+CPU_STEP_THREADS = 1
 
 
 @dataclass
@@ -95,8 +99,10 @@ class Engine:
     GRAPHED_EXTEND = 16  # drafter extends up to this many positions run through Graphed (CUDA graphs)
 
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
-                 graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0):
+                 graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0,
+                 step_threads: int | None = CPU_STEP_THREADS):
         self.target, self.drafter = target, drafter
+        self.step_threads = step_threads
         self.device = target.device
         self.max_len = max_len or target.max_len
         if self.max_len > target.max_len:
@@ -123,6 +129,24 @@ class Engine:
                                        enabled=self.graphs)
             self.drafting = Drafting(drafter, self._draft_step, static_width=self.dkv.max_len if self.graphs else 0,
                                      cache_len=self.dkv.max_len)
+
+    @contextlib.contextmanager
+    def _steps(self) -> Iterator[None]:
+        """Decode / draft / verify steps on CPU run on ``step_threads`` threads (prefill keeps torch's default).
+
+        Measured on the 2-core CPU machine (smollm2-135m fp32): one thread is as fast as two for these
+        memory-bound steps on a quiet machine, and with one other busy process two OpenMP threads made a
+        1-token step 2.4x and a 4-token verify 3-4x slower (threads wait at barriers for a descheduled
+        peer) while one thread slowed by a few percent: plain and speculative decoding now degrade alike."""
+        if self.device.type != "cpu" or not self.step_threads:
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(min(self.step_threads, before))
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
     def seed(self, seed: int) -> None:
         self.gen.manual_seed(seed)
@@ -253,6 +277,26 @@ class Engine:
 
     # ------------------------------------------------------------------ loops
 
+    def _cycle(self, seq: list[int], result: GenResult, pending: torch.Tensor, start: int, cfg: SpecConfig,
+               timer: PhaseTimer) -> tuple[torch.Tensor, int]:
+        """One draft -> verify -> accept -> commit cycle; extends ``seq`` and ``result``; returns the next pending."""
+        m = len(seq)
+        timer.mark("draft")
+        d_logits, d_hidden = self.draft_extend(seq[start + 1:m], pending, start)
+        tree = self.draft(d_logits[0, -1].clone(), d_hidden[0, -1].clone(), m, cfg)
+        timer.mark("verify")
+        v_logits, v_aux = self.verify(seq[-1], tree, m)
+        timer.mark("overhead")
+        path, bonus = self.accept(tree, v_logits, cfg)
+        pending = self.commit(path, v_aux, m)
+        new = [tree.tokens[i] for i in path] + [bonus]
+        for d in range(len(path)):
+            result.accepted_per_depth[d] += 1
+        result.accept_lens.append(len(new))
+        seq += new
+        result.tokens += new
+        return pending, m - 1
+
     def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
                  stop_ids: tuple[int, ...] = (), timer: PhaseTimer | None = None) -> GenResult:
         """Plain decoding with the engine's own target forward (the baseline)."""
@@ -267,9 +311,10 @@ class Engine:
         if self._loop is not None and temperature <= 0:
             out = self._loop.run(out[0], n, max_new_tokens, stop_ids)
         else:
-            while len(out) < max_new_tokens and out[-1] not in stop_ids:
-                logits, _ = self.decode_one(out[-1], n + len(out) - 1)
-                out.append(self._pick(logits[0, -1], temperature))
+            with self._steps():
+                while len(out) < max_new_tokens and out[-1] not in stop_ids:
+                    logits, _ = self.decode_one(out[-1], n + len(out) - 1)
+                    out.append(self._pick(logits[0, -1], temperature))
         timer.stop()
         return GenResult(tokens=out, prompt_len=n, times=timer.totals())
 
@@ -289,22 +334,9 @@ class Engine:
         seq = ids[0].tolist() + [first]
         result = GenResult(tokens=[first], prompt_len=n, accepted_per_depth=[0] * cfg.steps)
         pending, start = aux[0], 0
-        while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
-            m = len(seq)
-            timer.mark("draft")
-            d_logits, d_hidden = self.draft_extend(seq[start + 1:m], pending, start)
-            tree = self.draft(d_logits[0, -1].clone(), d_hidden[0, -1].clone(), m, cfg)
-            timer.mark("verify")
-            v_logits, v_aux = self.verify(seq[-1], tree, m)
-            timer.mark("overhead")
-            path, bonus = self.accept(tree, v_logits, cfg)
-            pending, start = self.commit(path, v_aux, m), m - 1
-            new = [tree.tokens[i] for i in path] + [bonus]
-            for d in range(len(path)):
-                result.accepted_per_depth[d] += 1
-            result.accept_lens.append(len(new))
-            seq += new
-            result.tokens += new
+        with self._steps():
+            while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
+                pending, start = self._cycle(seq, result, pending, start, cfg, timer)
         timer.stop()
         toks = result.tokens[:max_new_tokens]
         for i, t in enumerate(toks):

@@ -313,6 +313,8 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
     config["graphs_main"] = graphed
     config["compiled_main"] = engine.compiled
+    config["cpu_step_threads"] = engine.step_threads if engine.device.type == "cpu" else None
+    config["torch_threads"] = torch.get_num_threads()
     config["max_len"] = max_len
     return BenchReport(config=config, prompts_manifest=pset.manifest, metrics=metrics, spread=spread,
                        failures=failures, summary=_summary(metrics, specs))
