@@ -11,7 +11,8 @@ from runbooks._common import cli_errors, emit, finish
     iterable=["corpus"],
     help={
         "target": "model: an embedded name (smollm2-135m), a local folder or a HF repo id",
-        "corpus": "prompt source, repeatable (wiki, chitchat, gsm8k, gpqa, aime); default wiki+chitchat+gsm8k",
+        "corpus": "prompt source, repeatable (wiki, chitchat, gsm8k, gpqa, aime, wiki-instruct, chitchat-multi, "
+                  "gsm8k-instruct; NAME:K = K variants per item, 0 = all); default wiki+chitchat+gsm8k",
         "per_source": "prompts taken from each corpus (train split, shuffled with --seed)",
         "prompts_file": "prompts from a file instead (JSON lines with prompt/messages, or one per line)",
         "out": "dataset folder (default .eaglekb/datasets/<target>-<n>-<mode>); a rerun resumes it",
@@ -35,6 +36,7 @@ from runbooks._common import cli_errors, emit, finish
                      "(continuous batching over a static cache, CUDA graphs; --batch-size is its rows)",
         "samples": "engine: extra sampled responses per prompt, one per temperature, e.g. 0.6,0.8,1.0",
         "nproc": "processes, one per GPU, each on a disjoint share of the prompts; one merged dataset",
+        "time_budget_s": "start no new shard after this many seconds (a rerun resumes the rest); the record says so",
         "json": "print one JSON document as the last line",
         "record": "write baselines/datagen/NAME.json",
         "compare": "compare with baselines/datagen/NAME.json",
@@ -44,7 +46,7 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
             temperature=0.7, top_p=0.95, max_new_tokens=256, max_len=1024, batch_size=8, shard_size=256,
             features="stored", no_final_hidden=False, dtype="bfloat16", device="cpu", device_map=None,
             server=None, server_model="default", seed=0, json=False, record=None, compare=None, threads=None,
-            generator="auto", samples=None, nproc=1):
+            generator="auto", samples=None, nproc=1, time_budget_s=None):
     """Regenerate responses with the target and store what EAGLE-3 training reads (resumable)."""
     with cli_errors():
         from pathlib import Path
@@ -72,13 +74,16 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
         name = Path(str(target)).name
         out = Path(out) if out else Path(".eaglekb/datasets") / f"{name}-{len(prompts)}-{mode}"
         manifest = generate_dataset(path, prompts, out, cfg, nproc=int(nproc), device=device, device_map=device_map,
-                                    server=server, server_model=server_model, progress=not json)
+                                    server=server, server_model=server_model, progress=not json,
+                                    time_budget_s=float(time_budget_s) if time_budget_s else None)
         doc = {"out": str(out), "totals": manifest["totals"], "last_run": manifest.get("last_run"),
                "prompts": manifest.get("prompts")}
         metrics = {k: v for k, v in dg.storage_report(manifest).items() if v not in (None, {})}
         config = {"target": str(target), "corpus": list(corpus or DEFAULT_CORPORA) if not prompts_file else None,
                   "prompts_file": prompts_file, "per_source": int(per_source), "device": device,
                   "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, "nproc": int(nproc),
+                  "time_budget_s": time_budget_s, "stopped_by_budget": (manifest.get("last_run") or {}).get(
+                      "stopped_by_budget"),
                   "prompts_manifest": prompts.manifest, **cfg.__dict__}
         doc.update(finish(kind="datagen", record=record, compare=compare, config=config, metrics=metrics,
                           noise=dg.NOISE, summary=f"{metrics['bytes_per_token_bytes']} bytes/token on disk "

@@ -69,3 +69,39 @@ def test_eval_prompts_by_name():
 def test_training_prompts_refuse_evaluation_sets():
     with pytest.raises(BadInput, match="evaluation set"):
         prompts.training_prompts(["humaneval"], per_source=2)
+
+
+#: The builtin evaluation prompts as recorded baselines used them (never change).
+BUILTIN_SHA256 = "f4945a6bdb181230a50c971f5f341bf8bb6d89c1fca4159bfd97a3ba040ae6d3"
+
+
+def test_builtin_prompts_are_unchanged():
+    ps = prompts.eval_prompts("builtin")
+    assert (len(ps), ps.manifest["sha256"]) == (8, BUILTIN_SHA256)
+
+
+def test_training_prompts_take_the_derived_corpora_whole():
+    ps = prompts.training_prompts(["gsm8k-instruct", "gpqa", "chitchat-multi:1"], per_source=0, seed=2)
+    sizes = {m["source"]: (m["items"], m["count"], m["variants"]) for m in ps.manifest["mix"]}
+    assert sizes == {"gsm8k-instruct": (1119, 2238, 2), "gpqa": (188, 188, 1), "chitchat-multi": (3287, 3287, 1)}
+    assert len(ps) == ps.manifest["count"] == 2238 + 188 + 3287 and len({p.id for p in ps.prompts}) == len(ps)
+    assert ps.manifest["distinct_prompts"] <= len(ps) and ps.manifest["per_source"] is None
+    assert {"builtin", "gsm8k-eval", "gpqa-eval", "gsm8k-instruct-eval", "chitchat-eval",
+            "chitchat-multi-eval"} <= set(ps.manifest["eval_splits_excluded"])
+    assert len(prompts.training_prompts(["wiki-instruct"], per_source=5)) == 5
+
+
+@pytest.mark.parametrize("spec", ["humaneval", "humaneval:1", "gsm8k-eval"])
+def test_training_prompts_refuse_evaluation_sets_by_any_name(spec):
+    with pytest.raises(BadInput, match="evaluation set"):
+        prompts.training_prompts([spec], per_source=0)
+
+
+def test_training_prompts_refuse_a_file_holding_an_evaluation_prompt(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text("Tell me a joke.\n" + prompts.BUILTIN_PROMPTS[2].lower() + "\n")
+    with pytest.raises(BadInput, match="overlap") as err:
+        prompts.training_prompts(prompts_file=str(f))
+    assert "builtin" in err.value.line() and "mine.jsonl:2" in err.value.line()
+    f.write_text("Tell me a joke.\n")
+    assert len(prompts.training_prompts(prompts_file=str(f))) == 1

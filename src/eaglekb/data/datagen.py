@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -225,6 +226,7 @@ class _Tally:
     feat_s: float = 0.0
     gen_tokens: int = 0
     feat_tokens: int = 0
+    stopped_by_budget: bool = False
 
     def last_run(self, wall: float) -> dict:
         return {
@@ -234,6 +236,7 @@ class _Tally:
             "featurised_tokens": self.feat_tokens,
             "generate_tok_s": round(self.gen_tokens / self.gen_s, 2) if self.gen_s else None,
             "features_tok_s": round(self.feat_tokens / self.feat_s, 2) if self.feat_s else None,
+            "stopped_by_budget": self.stopped_by_budget,
         }
 
 
@@ -374,7 +377,8 @@ def _shard(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str,
 
 
 def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bool = True,
-        responses: dict[str, dict] | None = None, stop_after_shards: int | None = None) -> dict:
+        responses: dict[str, dict] | None = None, stop_after_shards: int | None = None,
+        time_budget_s: float | None = None) -> dict:
     """Regenerate and featurise ``prompt_set`` into ``out``; resumable; returns the manifest.
 
     ``responses`` (from ``regenerate_via_server``) replaces local generation: each
@@ -407,6 +411,9 @@ def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bo
         write_manifest(out, manifest, cfg)
         if stop_after_shards is not None and tally.written >= stop_after_shards:
             break
+        if time_budget_s is not None and time.perf_counter() - t_start >= time_budget_s:
+            tally.stopped_by_budget = True  # no new shard after the budget; a rerun resumes the rest
+            break
     bar.close()
     manifest["last_run"] = tally.last_run(time.perf_counter() - t_start)
     if engine is not None:
@@ -426,7 +433,7 @@ def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bo
 
 def build(target_path: str | Path, prompts, out: str | Path, cfg: DatagenConfig, *, device: str = "cpu",
           model_dtype: str | None = None, device_map: str | None = None, server: str | None = None,
-          server_model: str = "default", progress: bool = True) -> dict:
+          server_model: str = "default", progress: bool = True, time_budget_s: float | None = None) -> dict:
     """Load the target, regenerate (locally or through ``server``), featurise; returns the manifest."""
     cfg.check()
     out = Path(out)
@@ -437,10 +444,16 @@ def build(target_path: str | Path, prompts, out: str | Path, cfg: DatagenConfig,
         client = SGLangClient(server, model=server_model, option="--server")
         out.mkdir(parents=True, exist_ok=True)
         responses = regenerate_via_server(prompts.prompts, client, cfg, out / RESPONSES, progress=progress)
-    manifest = run(target, prompts, out, cfg, progress=progress, responses=responses)
+    manifest = run(target, prompts, out, cfg, progress=progress, responses=responses, time_budget_s=time_budget_s)
     manifest["target_path"] = str(target_path)
     write_manifest(out, manifest, cfg)
     return manifest
+
+
+def _metric_key(name: str) -> str:
+    """A source name as a metric key (lower case, letters, digits and underscores)."""
+    key = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")
+    return key if key and key[0].isalnum() else f"s_{key}"
 
 
 def storage_report(manifest: dict) -> dict:
@@ -461,8 +474,8 @@ def storage_report(manifest: dict) -> dict:
         "wall_s": last.get("wall_s"),
         "processes_count": last.get("processes_count", 1),
         "responses_per_prompt_count": len(ident["config"].get("sample_temperatures") or ()) + 1,
-        "by_source": {src.replace("-", "_"): {"sequences_count": d["sequences"], "tokens_count": d["tokens"],
-                                              "loss_tokens_count": d["loss_tokens"]}
+        "by_source": {_metric_key(src): {"sequences_count": d["sequences"], "tokens_count": d["tokens"],
+                                         "loss_tokens_count": d["loss_tokens"]}
                       for src, d in (tot.get("by_source") or {}).items()},
     }
 

@@ -161,11 +161,14 @@ def launch(target_path: str | Path, prompts, out: str | Path, cfg: DatagenConfig
 
 def generate_dataset(target_path: str | Path, prompts, out: str | Path, cfg: DatagenConfig, *, nproc: int = 1,
                      device: str = "cpu", device_map: str | None = None, server: str | None = None,
-                     server_model: str = "default", progress: bool = True) -> dict:
-    """One process (``build``: local or through a server) or ``nproc`` processes (``launch``)."""
+                     server_model: str = "default", progress: bool = True,
+                     time_budget_s: float | None = None) -> dict:
+    """One process (``build``: local or through a server) or ``nproc`` processes (``launch``).
+
+    ``time_budget_s`` (one process): no new shard starts after it; a rerun resumes the rest."""
     if nproc == 1:
         return build(target_path, prompts, out, cfg, device=device, device_map=device_map, server=server,
-                     server_model=server_model, progress=progress)
+                     server_model=server_model, progress=progress, time_budget_s=time_budget_s)
     if server or device_map:
         raise BadInput("several processes regenerate locally only", where="--nproc",
                        expected="--nproc 1 with --server or --device-map", found=str(nproc))

@@ -11,8 +11,10 @@ Owns:
     ``.manifest.json`` beside it holding each set's manifest (``read_prompt_sets`` /
     ``write_prompt_sets``; the story's A / B / eval prompts);
 
-* ``training_prompts``: the training set of a datagen run, a corpus mix (train splits)
-  or a prompts file, checked disjoint from every evaluation set;
+* ``training_prompts``: the training set of a datagen run, a corpus mix (train splits of
+  plain or derived corpora, ``per_source`` 0 = all) or a prompts file, checked disjoint from
+  every evaluation set (``gsm8k-eval``, ``humaneval``, ``builtin`` and the eval splits of the
+  corpora it draws on), by prompt and by message;
 * ``eval_prompts``: an evaluation set by name (``builtin``, a held-out corpora set
   such as ``gsm8k-eval``, or a prompts file) for probe and bench.
 
@@ -30,7 +32,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from eaglekb.data import corpora
 from eaglekb.data.corpora import Prompt, PromptSet, prompts_hash
 from eaglekb.io.errors import BadInput, MissingFile
-from eaglekb.io.files import atomic_write_json, atomic_write_text, read_json
+from eaglekb.io.files import atomic_write_json, atomic_write_text, read_json, read_text
 
 #: The training corpora of ``invoke datagen`` when none is given.
 DEFAULT_CORPORA = ("wiki", "chitchat", "gsm8k")
@@ -54,7 +56,7 @@ def _lines(path: Path, expected: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of the non-blank lines of a prompt file."""
     if not path.is_file():
         raise MissingFile("prompts file not found", where=str(path), expected=expected, found="nothing")
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text(path, what="prompts file").splitlines(), 1):
         if line.strip():
             yield n, line
 
@@ -71,11 +73,14 @@ def _row(line: str, where: str) -> dict:
 
 def _messages(row: dict, where: str) -> tuple[dict[str, str], ...]:
     if "messages" in row:
-        try:
-            return tuple({"role": m["role"], "content": m["content"]} for m in row["messages"])
-        except (KeyError, TypeError):
+        msgs = row["messages"]
+        if not (isinstance(msgs, list) and msgs and all(
+                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+                and isinstance(m.get("content"), str) for m in msgs)):
             raise BadInput("prompts file messages need a role and a content", where=where,
-                           expected='[{"role": ..., "content": ...}]', found=json.dumps(row["messages"])[:80]) from None
+                           expected='[{"role": "system|user|assistant", "content": "text"}, ...]',
+                           found=json.dumps(msgs)[:80])
+        return tuple({"role": m["role"], "content": m["content"]} for m in msgs)
     if "prompt" in row:
         return ({"role": "user", "content": str(row["prompt"])},)
     raise BadInput("prompts file line has neither 'prompt' nor 'messages'", where=where,
@@ -112,7 +117,7 @@ def read_prompt_sets(path: str | Path, names: Sequence[str], *,
     for n, line in _lines(path, made_by):
         where = f"{path}:{n}"
         row = _row(line, where)
-        if row.get("set") not in rows or not isinstance(row.get("id"), str):
+        if not isinstance(row.get("set"), str) or row["set"] not in rows or not isinstance(row.get("id"), str):
             sets = "|".join(f'"{k}"' for k in names)
             raise BadInput("not a prompt-sets line", where=where,
                            expected=f'{{"set": {sets}, "id": "...", "messages": [...]}}', found=line[:80])
@@ -123,6 +128,9 @@ def read_prompt_sets(path: str | Path, names: Sequence[str], *,
                        found=f"none in {', '.join(empty)}")
     man = manifest_path(path)
     manifests = read_json(man, what="prompts manifest") if man.is_file() else {}
+    if not isinstance(manifests, dict) or not all(isinstance(v, dict) for v in manifests.values()):
+        raise BadInput("prompts manifest is not an object of sets", where=str(man), expected='{"SET": {...}}',
+                       found=type(manifests).__name__)
     out = {}
     for k, items in rows.items():
         m = dict(manifests.get(k) or {"source": str(path)}, file=path.name, set=k, count=len(items),
@@ -156,22 +164,32 @@ def write_prompt_sets(path: str | Path, sets: dict[str, PromptSet]) -> Path:
 # ----------------------------------------------------------------------------- prompt sets
 
 
-def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int = 20, prompts_file: str | None = None,
-                     seed: int = 0) -> PromptSet:
-    """The training prompt set: a corpus mix (train splits) or a prompts file, checked against the eval sets."""
+def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int | None = 20,
+                     prompts_file: str | None = None, seed: int = 0) -> PromptSet:
+    """The training prompt set: a corpus mix (train splits) or a prompts file, checked against the eval sets.
+
+    ``corpus``: names from ``corpora.TRAINING_CORPORA``, each optionally ``NAME:K`` (K variants per item of a
+    derived corpus, 0 = all); ``per_source``: prompts from each (0 or None = all). The set is refused if any
+    prompt, or any message of one, equals a prompt of ``gsm8k-eval``, ``humaneval``, ``builtin`` or the
+    evaluation split of a corpus it draws on.
+    """
+    names: list[str] = []
     if prompts_file:
         ps = read_prompts_file(prompts_file)
     else:
         names = list(corpus or DEFAULT_CORPORA)
-        bad = [n for n in names if n in corpora.EVAL_SETS or (n in corpora.SOURCES and corpora.SOURCES[n].eval_only)]
+        bases = [n.partition(":")[0] for n in names]
+        bad = [n for n, b in zip(names, bases)
+               if b in corpora.EVAL_SETS or (b in corpora.SOURCES and corpora.SOURCES[b].eval_only)]
         if bad:
             raise BadInput("evaluation set asked for as training data", where="--corpus",
-                           expected=", ".join(n for n in corpora.SOURCES if not corpora.SOURCES[n].eval_only),
-                           found=bad[0], fix="evaluation prompts never go into training")
+                           expected=", ".join(corpora.TRAINING_CORPORA), found=bad[0],
+                           fix="evaluation prompts never go into training")
         ps = corpora.mix(names, per_source=per_source, seed=seed)
-    for name in corpora.EVAL_SETS:
-        corpora.check_disjoint(ps, corpora.load(name, split="eval"))
+    splits = [eval_prompts("builtin"), *corpora.eval_splits(names)]
+    corpora.check_disjoint(ps, *(corpora.load(name, split="eval") for name in corpora.EVAL_SETS), *splits)
     ps.manifest["eval_sets_excluded"] = list(corpora.EVAL_SETS)
+    ps.manifest["eval_splits_excluded"] = [s.name for s in splits]
     return ps
 
 

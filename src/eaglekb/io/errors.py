@@ -11,6 +11,16 @@ Each exception subclasses a built-in so callers that catch ``ValueError`` or
 
 from __future__ import annotations
 
+#: Characters that would break a one-line message, and how they are written instead.
+_BREAKS = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\x0b": "\\v", "\x0c": "\\f", "\x1c": "\\x1c",
+           "\x1d": "\\x1d", "\x1e": "\\x1e", "\x85": "\\x85", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and other control characters escaped (``\\n``, ``\\x00``): always one line."""
+    return "".join(_BREAKS.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 32 or ord(ch) == 127 else ch)
+                   for ch in str(text))
+
 
 class EaglekbError(Exception):
     """Base class: a message that fits on one line and names what, where, expected, found."""
@@ -43,11 +53,11 @@ class EaglekbError(Exception):
             parts.append(f"found {self.found}")
         if self.fix:
             parts.append(f"fix: {self.fix}")
-        # One line, always: newlines in found values would break the contract.
-        return ": ".join(parts[:1]) + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else "")
+        # One line, always: a newline in a value (a file name, a found value) is escaped, not printed.
+        return one_line(": ".join(parts[:1]) + ("; " + "; ".join(parts[1:]) if len(parts) > 1 else ""))
 
     def __str__(self) -> str:  # pragma: no cover - trivial
-        return self.line().replace("\n", " ")
+        return self.line()
 
 
 class BadInput(EaglekbError, ValueError):

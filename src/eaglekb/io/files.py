@@ -10,7 +10,7 @@ Owns:
 * ``stable_json``: sorted keys, 2-space indent, trailing newline (diffable files).
 * ``read_safetensors`` / ``safetensors_keys``: a missing file raises ``MissingFile``, an
   unreadable or truncated one ``IntegrityError``, each one line naming the file.
-* ``read_json``: a missing file or bad JSON as one line.
+* ``read_text`` / ``read_json``: a missing file, bytes that are not UTF-8, or bad JSON as one line.
 * ``flatten``: a nested dict to ``{dotted.path: value}`` (metric trees, configs).
 
 Knows nothing about what the files mean (baselines, drafters, shards): their owners
@@ -115,6 +115,19 @@ def safetensors_keys(path: str | Path) -> tuple[list[str], dict[str, str]]:
         raise _unreadable(path, exc) from None
 
 
+def read_text(path: str | Path, *, what: str = "text file") -> str:
+    """A UTF-8 text file; a missing file or bytes that are not UTF-8 are one line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise MissingFile(f"{what} not found", where=str(path))
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError(f"{what} is not UTF-8 text", where=str(path), expected="UTF-8 text",
+                          found=f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
+
+
 def read_json(path: str | Path, *, what: str = "JSON file") -> Any:
     """Parse a JSON file; a missing file or bad JSON is one line naming it."""
     path = Path(path)
@@ -124,6 +137,9 @@ def read_json(path: str | Path, *, what: str = "JSON file") -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SchemaError(f"{what} is not valid JSON", where=str(path), found=str(exc).splitlines()[0]) from None
+    except RecursionError:
+        raise SchemaError(f"{what} is nested too deeply", where=str(path), expected="JSON nested at most ~1000 levels",
+                          found="deeper") from None
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
