@@ -15,6 +15,9 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("EAGLEKB_ROOT", str(ROOT))
 
+from runbooks._common import parse_errors_exit_2  # noqa: E402 - after the path set-up above
+
+parse_errors_exit_2()  # invoke's own "No idea what ... is!" and friends: one error line, exit 2
 ns = Collection()
 for module_name in ("plan", "baselines", "docs", "models", "inspect", "vocab", "remap",
                     "datagen", "finetune", "probe", "bench", "story"):

@@ -1,33 +1,406 @@
-"""Shared plumbing for runbook tasks: error handling, output, recording.
+"""Shared plumbing for runbook tasks: the command-line boundary, option parsing, output, recording.
 
-A task is thin: parse its options, call one library function inside
-``cli_errors()``, then ``emit`` the result (human text, plus one JSON document as
-the last line of stdout with ``--json``) and, for measured results, ``finish``
-(record a baseline with ``--record NAME`` or write local history and compare).
+A task is thin: parse its options, call one library function, then ``emit`` the result (human text,
+plus one JSON document as the last line of stdout with ``--json``) and, for measured results,
+``finish`` (record a baseline with ``--record NAME`` or write local history and compare).
+
+Every task is declared with ``task`` from this module (not invoke's): its ``Task`` class is the one
+boundary between the user and the project.
+
+* Options are parsed here, typed and ranged, before the task body runs: invoke hands every
+  number over as text (its own ``int()`` would end in a traceback), and ``parse_options`` turns it
+  into a value with one shared parser per option name (``OPTIONS``; a task may override one with
+  ``@task(options={...})``), or, for a name not listed, by the type of the option's default (a
+  whole number or a number, not negative: an option that may be negative must be listed). An
+  error names the option as the user typed it (``--num-prompts``).
+* Every exception ends as one line on stderr and exit 2 (``cli_errors``): the project's own errors
+  (``eaglekb.io.errors``) as they are; a file system error with the file and a fix; anything else
+  is a bug in eaglekb, said so in one line, with its traceback only under ``EAGLEKB_DEBUG=1``. Python
+  warnings raised during a task are held back: one ``warning:`` line each after a task that succeeded,
+  none after one that failed (its one error line says what went wrong).
+* ``invoke TASK --help`` never runs the task, also where invoke would take ``--help`` as the value of
+  a positional argument; invoke's own parse errors (unknown option, missing value) exit 2 with one line
+  (``parse_errors_exit_2``, installed by tasks.py).
+* A task with ``--record NAME`` gets ``--force`` (unless it has its own): recording over an existing
+  baseline is refused unless ``--force``, a cited record (source "recorded") is never replaced by a
+  run, and both are checked before any work starts; ``--compare NAME`` must exist before it starts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import errno
+import inspect
 import json
+import math
+import os
+import re
 import sys
-from typing import Any, Iterator
+import warnings
+from typing import Any, Callable, Iterator
 
-from invoke import Exit
+from invoke import Exit, Task
+from invoke import task as _invoke_task
+from invoke.parser import Argument
 
-from eaglekb.io.errors import BadInput, EaglekbError
+from eaglekb.io.errors import BadInput, EaglekbError, MissingFile, one_line
 from eaglekb.kb import baselines
+
+DEBUG_ENV = "EAGLEKB_DEBUG"
+HELP_WORDS = ("--help", "-h")
+_FORCE: contextvars.ContextVar[bool] = contextvars.ContextVar("eaglekb_force", default=False)
+_FORCE_HELP = "with --record: replace an existing baseline of that name (a cited record is never replaced)"
+
+# --------------------------------------------------------------------------- the boundary
+
+_OS_FIX = {
+    errno.ENOSPC: "free some space or choose another output folder",
+    errno.EDQUOT: "free some space or choose another output folder",
+    errno.EROFS: "choose a writable output folder",
+    errno.EACCES: "choose a folder you may write to, or fix its permissions",
+    errno.EPERM: "choose a folder you may write to, or fix its permissions",
+    errno.ENAMETOOLONG: "use a shorter path",
+    errno.ENOENT: "check the path",
+    errno.ENOTDIR: "check the path: a part of it is a file, not a folder",
+    errno.EISDIR: "give a file, not a folder",
+    errno.EPIPE: "the reader of the output closed it early (e.g. `| head`)",
+}
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line (without ``error:``) that the boundary prints for ``exc``."""
+    if isinstance(exc, EaglekbError):
+        return exc.line()
+    if isinstance(exc, OSError):
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None) or None
+        what = (exc.strerror or str(exc) or type(exc).__name__).lower()[:200]
+        found = f"{type(exc).__name__} (errno {exc.errno})" if exc.errno else type(exc).__name__
+        return EaglekbError(f"file system error: {what}", where=where, found=found,
+                            fix=_OS_FIX.get(exc.errno, "check the path and the files given to this command")).line()
+    if isinstance(exc, UnicodeDecodeError):
+        return EaglekbError("input is not UTF-8 text", expected="UTF-8 text (JSON, prompts)",
+                            found=f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}",
+                            fix="check the text files given to this command").line()
+    if isinstance(exc, MemoryError):
+        return EaglekbError("out of memory", fix="use smaller sizes (batch, length, count) or a larger machine").line()
+    if isinstance(exc, RecursionError):
+        return EaglekbError("input nested too deeply", expected="JSON nested at most a few hundred levels").line()
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return EaglekbError(f"internal error: {type(exc).__name__}" + (f": {text}" if text else ""),
+                        where="eaglekb (this is a bug in eaglekb, not in your input)",
+                        fix=f"rerun with {DEBUG_ENV}=1 to see the traceback, and report it").line()
 
 
 @contextlib.contextmanager
 def cli_errors() -> Iterator[None]:
-    """Turn library errors into one line on stderr and a non-zero exit (no traceback)."""
+    """Every exception as one line on stderr and exit 2 (130 on Ctrl-C); invoke's own ``Exit`` passes.
+
+    A bug in eaglekb (an exception that is not an input, file or resource error) shows its traceback
+    only with ``EAGLEKB_DEBUG=1``.
+    """
     try:
         yield
-    except EaglekbError as exc:
-        raise Exit(f"error: {exc.line()}", code=exc.exit_code) from None
+    except Exit:
+        raise
     except KeyboardInterrupt:
         raise Exit("error: interrupted; nothing was recorded", code=130) from None
+    except Exception as exc:
+        if os.environ.get(DEBUG_ENV) == "1" and not isinstance(exc, EaglekbError):
+            raise
+        code = exc.exit_code if isinstance(exc, EaglekbError) else 2
+        raise Exit(f"error: {error_line(exc)}", code=code) from None
+
+
+def parse_errors_exit_2() -> None:
+    """invoke's own command-line errors (an unknown option, an option without its value, a missing argument,
+    a core option such as ``-f FILE`` taken from a value like ``-inf``) as one ``error:`` line and exit 2, like
+    every other refusal (invoke would exit 1, or print a traceback). Called by tasks.py."""
+    from invoke.exceptions import ParseError, UnknownFileType
+    from invoke.program import Program
+
+    if getattr(Program.parse_tasks, "eaglekb", False):
+        return
+
+    def one_line_exit(method: Callable) -> Callable:
+        def wrapped(self: Program) -> None:
+            try:
+                method(self)
+            except (ParseError, UnknownFileType, OSError) as exc:
+                raise Exit(f"error: {one_line(str(exc))}; fix: invoke --help TASK", code=2) from None
+
+        wrapped.eaglekb = True  # type: ignore[attr-defined]
+        return wrapped
+
+    Program.parse_tasks = one_line_exit(Program.parse_tasks)  # type: ignore[method-assign]
+    Program.update_config = one_line_exit(Program.update_config)  # type: ignore[method-assign]
+
+
+# --------------------------------------------------------------------------- option parsers
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _found(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class Opt:
+    """One option's parser: ``Opt(int, lo=1)(value, "--steps")`` -> 3, or a one-line ``BadInput``."""
+
+    def __init__(self, kind: type, *, lo: float | None = None, hi: float | None = None, above: float | None = None,
+                 choices: tuple[str, ...] | None = None, pattern: str | None = None, expected: str | None = None):
+        self.kind, self.lo, self.hi, self.above, self.choices = kind, lo, hi, above, choices
+        self.pattern = re.compile(pattern) if pattern else None
+        self.expected = expected or self._describe()
+
+    def _describe(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        if self.kind is str:
+            return "text" if self.pattern is None else f"text matching {self.pattern.pattern}"
+        bounds = [f"> {_num(self.above)}" if self.above is not None else "",
+                  f">= {_num(self.lo)}" if self.lo is not None else "", f"<= {_num(self.hi)}" if self.hi is not None else ""]
+        noun = "a whole number" if self.kind is int else "a number"
+        return " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
+
+    def __call__(self, value: Any, option: str) -> Any:
+        if value is None:
+            return None
+        if self.kind is int:
+            out = self._int(value, option)
+        elif self.kind is float:
+            out = self._float(value, option)
+        else:
+            out = text(value, option)
+            if self.choices and out not in self.choices or self.pattern and not self.pattern.fullmatch(out):
+                raise BadInput("not an accepted value", where=option, expected=self.expected, found=_found(value))
+            return out
+        if (self.lo is not None and out < self.lo) or (self.hi is not None and out > self.hi) or (
+                self.above is not None and out <= self.above):
+            raise BadInput("out of range", where=option, expected=self.expected, found=_found(value))
+        return out
+
+    def _int(self, value: Any, option: str) -> int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", value):
+            return int(value)
+        raise BadInput("not a whole number", where=option, expected=self.expected, found=_found(value))
+
+    def _float(self, value: Any, option: str) -> float:
+        try:
+            out = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            out = None
+        if out is None or not math.isfinite(out):
+            raise BadInput("not a number", where=option, expected=self.expected, found=_found(value))
+        return out
+
+
+def text(value: Any, option: str) -> str:
+    """Any text without a NUL byte (a path, a name, a URL)."""
+    value = str(value)
+    if "\x00" in value:
+        raise BadInput("option value holds a NUL byte", where=option, expected="text without NUL", found=_found(value))
+    return value
+
+
+def whole(lo: int | None = None, hi: int | None = None) -> Opt:
+    return Opt(int, lo=lo, hi=hi)
+
+
+def real(lo: float | None = None, hi: float | None = None, above: float | None = None) -> Opt:
+    return Opt(float, lo=lo, hi=hi, above=above)
+
+
+def one_of(*choices: str) -> Opt:
+    return Opt(str, choices=choices)
+
+
+BASELINE_NAME = Opt(str, pattern=baselines.NAME_RE.pattern.strip("^$"),
+                    expected="a baseline name: lower-case letters, digits, . _ - (at most 100, e.g. cpu-run-1)")
+_MANY = 1 << 20  # a generous upper bound for counts and lengths: a typo, not a plan, beyond it
+
+#: The one parser of each option name, for every task that has it (``@task(options=...)`` overrides).
+OPTIONS: dict[str, Callable[[Any, str], Any]] = {
+    "a_per_source": whole(1, 10**6), "b_per_source": whole(1, 10**6), "eval_count": whole(1, 10**6),
+    "max_prompt_chars": whole(1, 10**7), "b_small": whole(0, 10**7), "soft_limit_s": real(above=0),
+    "export_max_mib": real(lo=0, hi=1 << 20), "threads": whole(0, 4096), "cpu_step_threads": whole(0, 4096), "nproc": whole(1, 1024),
+    "accept_len": real(above=0), "baseline_tps": real(above=0), "cycle_ms": real(above=0),
+    "target_tps": real(above=0), "threshold": real(lo=0),
+    "num_prompts": whole(1, _MANY), "max_new_tokens": whole(1, _MANY), "max_len": whole(2, _MANY),
+    "steps": whole(1, _MANY), "topk": whole(1, 1024), "draft_tokens": whole(1, 1 << 16),
+    "repeats": whole(1, 10_000), "warmup": whole(0, 10_000), "seed": whole(0, 2**63 - 1),
+    "per_source": whole(0, 10**9), "batch_size": whole(1, _MANY), "shard_size": whole(1, _MANY),
+    "draft_vocab_size": whole(1, _MANY), "intermediate_size": whole(1, _MANY), "ttt_steps": whole(1, 64),
+    "epochs": real(above=0, hi=10**6), "lr": real(above=0, hi=10), "warmup_frac": real(lo=0, hi=1),
+    "grad_clip": real(lo=0), "val_fraction": real(lo=0, hi=0.9), "eval_every": whole(0, _MANY),
+    "save_every": whole(0, _MANY), "stop_after": whole(1, _MANY), "min_lr_frac": real(lo=0, hi=1),
+    "temperature": real(lo=0, hi=100), "top_p": real(above=0, hi=1), "eval_limit": whole(1, _MANY),
+    "train_limit": whole(1, _MANY), "fit_steps": whole(0, _MANY),
+    "dtype": one_of("float32", "bfloat16", "float16"), "mode": one_of("greedy", "sampled"),
+    "features": one_of("stored", "online"), "generator": one_of("auto", "hf", "engine"),
+    "positions": one_of("runtime", "specforge"), "graphs": one_of("auto", "on", "off", "both"),
+    "compile": one_of("auto", "on", "off"), "fail_on": one_of("regression", "change", "none"),
+    "record": BASELINE_NAME, "compare": BASELINE_NAME,
+}
+
+
+def parse_options(fn: Callable, values: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Each option value parsed by its parser (``overrides``, then ``OPTIONS``, then the default's type)."""
+    defaults = {p.name: p.default for p in inspect.signature(fn).parameters.values()}
+    out = dict(values)
+    for name, value in values.items():
+        parser = (overrides or {}).get(name, OPTIONS.get(name))
+        default = defaults.get(name)
+        if parser is None and type(default) in (int, float):  # a count or a size: never negative
+            parser = whole(0, 2**63 - 1) if type(default) is int else real(lo=0)
+        if parser is None and isinstance(value, bool):
+            continue
+        parser = parser or text
+        option = "--" + name.replace("_", "-")
+        if isinstance(value, (list, tuple)):
+            out[name] = [parser(v, option) for v in value]
+        elif value is not None:
+            out[name] = parser(value, option)
+    return out
+
+
+def parse_floats(values: Any, option: str) -> list[float]:
+    """A repeatable numeric option (list or comma-separated string) as finite numbers."""
+    if values is None:
+        return []
+    if isinstance(values, (str, int, float)):
+        values = [values]
+    return [real()(part.strip(), option) for v in values for part in str(v).split(",") if part.strip()]
+
+
+def parse_int(value: Any, option: str, lo: int | None = None, hi: int | None = None) -> int | None:
+    """A whole-number option given as text or a number (None or empty: not given)."""
+    if value in (None, ""):
+        return None
+    return whole(lo, hi)(value, option)
+
+
+# --------------------------------------------------------------------------- the task class
+
+
+def _help_request(values: dict[str, Any]) -> bool:
+    """``--help`` taken by invoke as the value of an argument (a positional, or a flag waiting for a value)."""
+    return any(v in HELP_WORDS or (isinstance(v, list) and any(x in HELP_WORDS for x in v)) for v in values.values()
+               if isinstance(v, (str, list)))
+
+
+class _Positional(Argument):
+    """A positional argument that, given ``--help``, gives it to the other positional arguments too (so that
+    invoke's parser does not stop at a missing one and the task prints its help instead)."""
+
+    siblings: list[Argument] = []
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        super().set_value(value, cast)
+        if value in HELP_WORDS:
+            for other in self.siblings:
+                if other is not self and other.value is None:
+                    Argument.set_value(other, value, cast)
+
+
+class EaglekbTask(Task):
+    """An invoke task behind the boundary: options parsed first, every error one line, ``--force`` added."""
+
+    def __init__(self, body: Callable, *args: Any, options: dict[str, Any] | None = None, **kwargs: Any):
+        self.options = dict(options or {})
+        self.help_texts = dict(kwargs.get("help") or {})
+        params = inspect.signature(body).parameters
+        self.adds_force = "record" in params and "force" not in params
+        super().__init__(body, *args, **kwargs)
+        if self.adds_force:
+            self.help_texts["force"] = _FORCE_HELP
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts = super().arg_opts(name, default, set(taken_names) | {"h"})  # -h stays help, on every task
+        if opts.get("kind") in (int, float):
+            opts["kind"] = str  # parsed by ``parse_options``: invoke's int() would end in a traceback
+        return opts
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        args = super().get_arguments(ignore_unknown_help)
+        positional = [a for a in args if a.positional]
+        for arg in positional:  # `TASK --help` fills every positional argument: the parser completes
+            arg.__class__ = _Positional
+            arg.siblings = positional
+        if self.adds_force:
+            args.append(Argument(names=("force",), kind=bool, default=False, help=_FORCE_HELP))
+        return args
+
+    def command(self) -> str:
+        """How the user calls this task (``invoke bench``, ``invoke bench.sglang``)."""
+        area = self.body.__module__.rpartition(".")[2]
+        name = self.name.replace("_", "-")
+        return f"invoke {area}" if self.is_default or name == area else f"invoke {area}.{name}"
+
+    def usage(self) -> str:
+        """The task's help (as ``invoke --help TASK`` prints it), without running it."""
+        doc = inspect.cleandoc(self.body.__doc__ or "")
+        positional = " ".join(p.upper() for p in self.positional)
+        lines = [f"Usage: {self.command()} [--options] {positional}".rstrip(), "", doc, "", "Options:"]
+        for name in [p for p in inspect.signature(self.body).parameters][1:] + (["force"] if self.adds_force else []):
+            lines.append(f"  --{name.replace('_', '-'):<22} {self.help_texts.get(name, '')}")
+        return "\n".join(lines)
+
+    def _precheck_record(self, values: dict[str, Any], force: bool) -> None:
+        """Refuse --record over an existing baseline (or a cited record) and a missing --compare, up front."""
+        kind = self.body.__module__.rpartition(".")[2]
+        if kind not in baselines.KINDS:
+            return
+        if values.get("record"):
+            baselines.check_can_record(f"{kind}/{values['record']}", force=force, where="--record")
+        if values.get("compare") and not baselines.exists(f"{kind}/{values['compare']}"):
+            raise MissingFile("no such baseline to compare with", where="--compare",
+                              expected=f"a recorded baselines/{kind}/NAME.json", found=values["compare"],
+                              fix="list them with `invoke baselines.check`")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            result = self._run(*args, **kwargs)  # on failure, the one error line and nothing else
+        for message in dict.fromkeys(one_line(str(w.message))[:300] for w in caught):
+            print(f"warning: {message}", file=sys.stderr)
+        return result
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:
+        with cli_errors():
+            names = list(inspect.signature(self.body).parameters)[1:]
+            values = dict(zip(names, args[1:]), **kwargs)
+            if _help_request(values):
+                print(self.usage())
+                return None
+            missing = [p for p in self.positional if values.get(p) in ("", None)]
+            if missing:
+                raise BadInput("missing argument", where=f"{missing[0].upper()} (--{missing[0].replace('_', '-')})",
+                               expected=self.help_texts.get(missing[0]) or "a value",
+                               found="nothing", fix=f"{self.command()} --help")
+            force = bool(values.pop("force", False) if self.adds_force else values.get("force", False))
+            parsed = parse_options(self.body, values, self.options)
+            self._precheck_record(parsed, force)
+            token = _FORCE.set(force)
+            try:
+                return super().__call__(args[0], **parsed)
+            finally:
+                _FORCE.reset(token)
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """invoke's ``@task``, with the project's boundary (``EaglekbTask``): use it for every task."""
+    kwargs.setdefault("klass", EaglekbTask)
+    return _invoke_task(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- output and recording
 
 
 def emit(document: dict[str, Any], text: str | None, json_out: bool) -> None:
@@ -38,45 +411,13 @@ def emit(document: dict[str, Any], text: str | None, json_out: bool) -> None:
         print(json.dumps(document, sort_keys=True, default=str))
 
 
-def parse_floats(values: Any, option: str) -> list[float]:
-    """Parse a repeatable numeric option (list or comma-separated string)."""
-    if values is None:
-        return []
-    if isinstance(values, (str, int, float)):
-        values = [values]
-    out: list[float] = []
-    for v in values:
-        for part in str(v).split(","):
-            part = part.strip()
-            if not part:
-                continue
-            try:
-                out.append(float(part))
-            except ValueError:
-                raise BadInput(
-                    "not a number", where=option, expected="a number", found=repr(part)
-                ) from None
-    return out
-
-
-def parse_int(value: Any, option: str) -> int | None:
-    """Parse a whole-number option given as text (None or empty: not given)."""
-    if value in (None, ""):
-        return None
-    try:
-        return int(str(value))
-    except ValueError:
-        raise BadInput("not a whole number", where=option, expected="an integer", found=repr(value)) from None
-
-
 def command_line() -> str:
-    """The exact command as typed (for provenance)."""
-    import shlex
+    """The command as a user types it (for provenance): ``invoke TASK --opts``, never the path of
+    invoke's ``__main__.py``; paths under the repository relative to its root; an embedded model's
+    cache folder as the model's name (``eaglekb.measure.command``)."""
+    from eaglekb.measure.command import typed_command
 
-    argv = list(sys.argv)
-    if argv:
-        argv[0] = "invoke" if argv[0].endswith(("invoke", "inv", "invoke/__main__.py")) else argv[0]
-    return " ".join(shlex.quote(a) for a in argv)
+    return typed_command(sys.argv, root=baselines.find_root())
 
 
 def finish(
@@ -91,13 +432,27 @@ def finish(
     Without ``--record`` the run goes to .eaglekb/history/ and is compared with
     ``baselines/KIND/<compare>.json`` when that exists, else with a recorded
     baseline of the same kind whose config is identical. Returns what happened,
-    for the task's JSON document.
+    for the task's JSON document. Recording over an existing baseline needs the
+    task's ``--force``; a cited record is never replaced by a run.
+
+    The comparison has two parts (``eaglekb.kb.reproduce``): deterministic metrics (accept
+    lengths, exactness, counts) within their tolerance, and timings after normalising by the
+    calibration the run measured (a probe's or bench's plain decode tok/s), so that a slower
+    machine reads "acceptance reproduced; this machine is 1.4x slower", not "NOT reproduced".
     """
+    from eaglekb.measure.command import unportable_paths
+
     name = record or compare or "run"
-    result = baselines.build(kind=kind, name=name, command=command_line(), **fields)
+    command = command_line()
+    result = baselines.build(kind=kind, name=name, command=command, **fields)
     out: dict[str, Any] = {"baseline_id": result.id}
     if record:
-        out["recorded"] = str(baselines.write(result))
+        out["recorded"] = str(baselines.write(result, force=_FORCE.get()))
+        # A path only this machine has makes the recorded command one nobody else can run: say so.
+        out["command_warnings"] = unportable_paths(command)
+        for warning in out["command_warnings"]:
+            print(f"warning: the recorded command names {warning}; rerunning it elsewhere needs a path "
+                  "under the repository or an embedded model name", file=sys.stderr)
         return out
     out["history"] = str(baselines.save_history(result))
     reference = None
@@ -112,6 +467,11 @@ def finish(
     return out
 
 
+def forced() -> bool:
+    """Whether the running task was given ``--force``."""
+    return _FORCE.get()
+
+
 def finish_text(doc: dict[str, Any]) -> str:
     """The lines ``finish`` adds to a task's human output: where it recorded, whether it reproduced."""
     lines = []
@@ -119,4 +479,11 @@ def finish_text(doc: dict[str, Any]) -> str:
         lines.append(f"recorded {doc['baseline_id']} -> {doc['recorded']}")
     if "comparison_text" in doc:
         lines.append(doc["comparison_text"])
+    elif "history" in doc:
+        lines.append(f"no recorded baseline with this config to compare with; kept in {doc['history']}")
     return ("\n" + "\n".join(lines)) if lines else ""
+
+
+__all__ = ["BASELINE_NAME", "EaglekbTask", "OPTIONS", "Opt", "cli_errors", "command_line", "emit", "error_line",
+           "finish", "finish_text", "forced", "one_line", "one_of", "parse_errors_exit_2", "parse_floats",
+           "parse_int", "parse_options", "real", "task", "text", "whole"]

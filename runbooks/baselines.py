@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
-from invoke import Exit, task
+from invoke import Exit
 
+from eaglekb.io.errors import EaglekbError
 from eaglekb.kb import baselines, diff_render
 from eaglekb.kb import diff as baseline_diff
 from eaglekb.kb import investigation
-from runbooks._common import cli_errors, emit, parse_floats
+from runbooks._common import cli_errors, emit, parse_floats, task
 
 
 @task(help={"json": "print one JSON document as the last line",
             "fix": "rewrite valid files in canonical format"})
 def check(c, json=False, fix=False):
-    """Validate every baselines/KIND/NAME.json against schema v1 and the canonical format."""
+    """Validate every baselines/KIND/NAME.json against schema v1 and the canonical format.
+
+    Exits 1 when a file has a problem, or when there is no baseline at all (a wrong EAGLEKB_ROOT or
+    checkout must not pass as "0 valid").
+    """
     with cli_errors():
         if fix:
             for path in baselines.iter_files():
                 try:
-                    baselines.write(baselines.load(path))
-                except Exception:
+                    baselines.write(baselines.load(path), force=True)
+                except (EaglekbError, OSError):
                     pass  # invalid files are reported below
         ok, problems = baselines.check_all()
+        if not ok and not problems:
+            problems = [f"{baselines.baselines_dir()}: no baseline files (expected baselines/KIND/NAME.json)"]
     text = "\n".join([*problems, f"{len(ok)} baselines valid, {len(problems)} problems"])
     emit({"valid": ok, "problems": problems}, text, json)
     if problems:

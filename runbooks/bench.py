@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, task
 
 
 @task(
@@ -27,6 +25,7 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
         "peers": "comma list of hf_generate, hf_prompt_lookup, hf_static_compile ('' for none)",
         "compile": "inductor-compiled layers inside the CUDA graphs: auto (on with graphs), on, off",
         "profile": "CUDA: kernels per decode, verify and draft step (count, time by kind, top kernels)",
+        "cpu_step_threads": "CPU: threads for the engine's decode, draft and verify steps (default 1; 0 = torch's)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/bench/NAME.json",
         "compare": "compare with baselines/bench/NAME.json (default: the recorded run with the same config)",
@@ -35,7 +34,7 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
 def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
-          compile="auto", profile=False, json=False, record=None, compare=None):
+          compile="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -49,6 +48,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             repeats=parse_int(repeats, "--repeats"), warmup=parse_int(warmup, "--warmup"), device=device, dtype=dtype,
             graphs=graphs, peers=[p.strip() for p in str(peers).split(",") if p.strip()],
             compile=str(compile), profile=bool(profile),
+            cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"),
         )
         report = lib.run(cfg, progress=not json)
         doc = report.to_dict()

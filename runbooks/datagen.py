@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish
+from runbooks._common import cli_errors, emit, finish, task
 
 @task(
     default=True,

@@ -1,9 +1,11 @@
 """`invoke docs.*`: build, serve and deploy the site (strict, offline).
 
-Versioned docs use mike: `invoke docs.deploy VERSION --alias latest` runs the
-strict build, then commits that version to the local `gh-pages` branch (never
-pushed; no remote needed). `invoke docs.versions` lists what is deployed and
-`invoke docs.serve-versions` serves the branch with its version selector.
+Versioned docs use mike: `invoke docs.deploy VERSION` runs the strict build, then
+commits that version to the local `gh-pages` branch (never pushed; no remote
+needed) under the alias `latest`, which the site root redirects to (the default
+alias; `--alias`, `--no-set-default` change that). `invoke docs.versions` lists
+what is deployed and `invoke docs.serve-versions` serves the branch with its
+version selector; the servers replace the invoke process, so stopping it stops them.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from __future__ import annotations
 import json as jsonlib
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from invoke import Exit, task
+from invoke import Exit
+
+from runbooks._common import one_line, task
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose mkdocs.yml and git branch we use
 _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -47,14 +50,45 @@ def _first_error(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
+def _build_cause(text: str) -> str:
+    """The line that says why a build failed: an eaglekb check, else the exception a traceback ends in,
+    else mkdocs's own first warning or error (not a library's log line, such as a notebook kernel's)."""
+    lines = [l.strip() for l in text.splitlines() if l.strip()]
+    ours = [l for l in lines if "eaglekb:" in l]
+    raised = [l for l in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:", l)]
+    mkdocs = [l for l in lines if re.match(r"^(ERROR|WARNING)\s+-", l)]
+    return (ours[:1] or raised[-1:] or mkdocs[:1] or lines[-1:] or ["no output"])[0]
+
+
+def _writable(site_dir: str) -> None:
+    """The output folder can be created and written, checked before the build (one line naming it)."""
+    folder = Path(site_dir) if Path(site_dir).is_absolute() else ROOT / site_dir
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise Exit(f"error: site folder is not writable: in {folder}; found {exc.strerror or exc}; "
+                   "fix: choose another --site-dir or fix its permissions", code=2) from None
+
+
 def _strict_build(site_dir: str) -> None:
+    _writable(site_dir)
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", site_dir],
         capture_output=True, text=True, env=_env(), cwd=ROOT, check=False,
     )
     if proc.returncode != 0:
-        lines = [l for l in (proc.stderr + proc.stdout).splitlines() if "eaglekb:" in l or "Error" in l or "WARNING" in l]
-        raise Exit(f"error: docs build failed: {(lines or ['see mkdocs output'])[0].strip()}", code=1)
+        raise Exit(f"error: docs build failed: {one_line(_build_cause(proc.stderr + proc.stdout))}", code=1)
+
+
+def _become(cmd: list[str]) -> None:
+    """Replace this process with CMD (a server): stopping the task stops the server, no child is left
+    behind (a shell and a ``mike serve`` child survived a killed ``invoke`` when run through c.run)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.chdir(ROOT)
+    os.execvpe(cmd[0], cmd, _env())
 
 
 def _config_is_strict() -> bool:
@@ -86,7 +120,7 @@ def _deployed(branch: str) -> list[dict]:
     try:
         return jsonlib.loads(proc.stdout or "[]")
     except ValueError:
-        raise Exit(f"error: versions.json is not JSON: in branch {branch}; expected mike's list of versions", code=1) from None
+        raise Exit(f"error: versions.json is not JSON: in branch {branch}; expected mike's list of versions", code=2) from None
 
 
 @task(help={"site_dir": "output folder (default site/)"})
@@ -99,20 +133,21 @@ def build(c, site_dir="site"):
 @task(help={"addr": "address to serve on (default 127.0.0.1:8000)"})
 def serve(c, addr="127.0.0.1:8000"):
     """Serve the site locally with live reload."""
-    c.run(f"{sys.executable} -m mkdocs serve --strict -a {addr}", env=_env(), pty=False)
+    _become([sys.executable, "-m", "mkdocs", "serve", "--strict", "-a", addr])
 
 
 @task(
     help={
         "version": "the docs version to deploy, e.g. 0.1 (letters, digits, . _ + -)",
-        "alias": "an alias to point at this version, e.g. latest (moved here if it exists)",
-        "set_default": "make the site root redirect to this version (to the alias if given)",
+        "alias": "an alias to point at this version (default latest; moved here if it exists; '' for none)",
+        "set_default": "make the site root redirect to this version, to the alias if given (default on; "
+                       "--no-set-default to leave the root as it is)",
         "branch": "the local branch mike commits to (default gh-pages; never pushed)",
         "alias_type": "symlink (default), redirect or copy",
         "json": "print one JSON document as the last line",
     }
 )
-def deploy(c, version, alias="", set_default=False, branch="gh-pages", alias_type="symlink", json=False):
+def deploy(c, version, alias="latest", set_default=True, branch="gh-pages", alias_type="symlink", json=False):
     """Strict `mike deploy --update-aliases VERSION [ALIAS]` to a local branch (no push, no remote)."""
     if not _VERSION.match(version or ""):
         raise Exit(f"error: bad version: in VERSION; expected letters, digits, . _ + - (e.g. 0.1); found {version!r}", code=2)
@@ -174,5 +209,5 @@ def serve_versions(c, addr="127.0.0.1:8000", branch="gh-pages"):
     _check_branch(branch)
     if not _deployed(branch):
         raise Exit(f"error: no docs deployed: in branch {branch}; expected at least one version; "
-                   "fix: invoke docs.deploy VERSION --alias latest", code=1)
-    c.run(shlex.join(_mike() + ["serve", "--branch", branch, "-a", addr]), env=_env(), pty=False)
+                   "fix: invoke docs.deploy VERSION --alias latest", code=2)
+    _become(_mike() + ["serve", "--branch", branch, "-a", addr])

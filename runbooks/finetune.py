@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish
+from runbooks._common import cli_errors, emit, finish, task
 
 @task(
     default=True,
@@ -19,6 +17,7 @@ from runbooks._common import cli_errors, emit, finish
         "ttt_steps": "test-time-training unroll length (loss weight 0.8**k per step)",
         "positions": "rotary position per TTT step: runtime (t+k, as SGLang drafts) or specforge (t)",
         "batch_size": "sequences per optimiser step (over all processes)",
+        "batching": "random (shuffled) or length (shuffled, then sequences of similar length batched together)",
         "max_len": "tokens kept per sequence",
         "steps": "optimiser steps (default: --epochs over the training sequences)",
         "epochs": "passes over the training sequences when --steps is absent",
@@ -46,7 +45,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
              intermediate_size=None, ttt_steps=7, positions="runtime", batch_size=8, max_len=1024, steps=None,
              epochs=1.0, lr=1e-4, warmup_frac=0.03, grad_clip=0.5, seed=0, val_data=None, val_fraction=0.05,
              eval_every=0, save_every=0, resume=False, nproc=1, device="auto", online_target=None, json=False,
-             record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0):
+             record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0, batching="random"):
     """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length."""
     with cli_errors():
         from pathlib import Path
@@ -66,7 +65,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
             data=str(data), out=str(out or Path(".eaglekb/runs") / Path(str(data)).name), init=init,
             remap=not no_remap, mapping=mapping, draft_vocab_size=int(draft_vocab_size),
             intermediate_size=int(intermediate_size) if intermediate_size else None, ttt_steps=int(ttt_steps),
-            positions=positions, batch_size=int(batch_size), max_len=int(max_len),
+            positions=positions, batch_size=int(batch_size), batching=str(batching), max_len=int(max_len),
             steps=int(steps) if steps else None, epochs=float(epochs), lr=float(lr), warmup_frac=float(warmup_frac),
             grad_clip=float(grad_clip), seed=int(seed), val_data=val_data, val_fraction=float(val_fraction),
             eval_every=int(eval_every), save_every=int(save_every), resume=bool(resume), device=device,

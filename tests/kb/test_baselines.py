@@ -106,7 +106,7 @@ def test_interrupted_write_leaves_previous_intact(root, monkeypatch):
 
     monkeypatch.setattr(os, "replace", boom)
     with pytest.raises(KeyboardInterrupt):
-        bl.write(make(root, value=50.0), root)
+        bl.write(make(root, value=50.0), root, force=True)
     assert path.read_text() == before
     assert [p.name for p in path.parent.iterdir()] == ["demo.json"]  # no temp file left
 
@@ -121,7 +121,7 @@ def test_failure_while_writing_leaves_previous_intact(root, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", disk_full)
     with pytest.raises(OSError):
-        bl.write(make(root, value=50.0), root)
+        bl.write(make(root, value=50.0), root, force=True)
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert path.read_text() == before
     assert sorted(p.name for p in path.parent.iterdir()) == ["demo.json"]
@@ -130,7 +130,7 @@ def test_failure_while_writing_leaves_previous_intact(root, monkeypatch):
 def _writer(args):
     root, i = args
     for j in range(15):
-        bl.write(make(Path(root), value=float(i * 100 + j)), Path(root))
+        bl.write(make(Path(root), value=float(i * 100 + j)), Path(root), force=True)
     return i
 
 

@@ -44,7 +44,7 @@ class Repo:
         b = baselines.build(kind=kind, name=name, config=CONFIG if config is None else config,
                             metrics=METRICS if metrics is None else metrics, noise=noise or NOISE,
                             command="pytest", root=self.root, created_at="2026-01-01T00:00:00Z", **kw)
-        return baselines.write(b, root=self.root)
+        return baselines.write(b, root=self.root, force=True)
 
     def commit(self, message: str = "c") -> str:
         self.git("add", "-A")
@@ -148,7 +148,7 @@ def test_added_removed_and_renamed(repo):
                                                                 "baselines/bench/new-name.json")
     assert by["added"].id == "bench/fresh" and by["added"].metrics_added == {"t_tok_s": 7.0}
     assert by["removed"].id == "bench/gone" and by["removed"].metrics_removed == {"t_tok_s": 5.0}
-    assert report.should_fail("change") and not report.should_fail("regression")
+    assert report.should_fail("change") and report.should_fail("regression")  # a deleted baseline fails both
 
 
 def test_rename_with_same_config_still_compares_metrics(repo):
@@ -170,6 +170,22 @@ def test_invalid_json_at_one_revision_is_a_report_line(repo):
     assert [c.id for c in report.changes] == ["bench/a"]  # the rest is still compared
     assert report.should_fail("regression")
     assert "broken.json" in diff_render.to_markdown(report)
+
+
+def test_gates_fail_on_a_baseline_unreadable_deleted_or_dangling_at_rev_b(repo):
+    path = repo.root / "baselines/bench/a.json"
+    good = path.read_bytes()
+    for damage in (lambda: path.write_bytes(b"\xff not json"), path.unlink,
+                   lambda: (path.unlink(), path.symlink_to(repo.root / "gone.json"))):
+        damage()
+        report = repo.diff()
+        assert report.should_fail("change") and report.should_fail("regression"), report.summary()
+        assert not report.should_fail("none")
+        if path.is_symlink():
+            assert "dangling" in report.problems[0].error
+            path.unlink()
+        path.write_bytes(good)
+    assert not repo.diff().should_fail("change")
 
 
 def test_schema_failure_names_the_field(repo):

@@ -1,14 +1,15 @@
 """What an agent reads: knowledge.json, llms.txt and llms-full.txt from the built site, alone.
 
-The question of issue 8: "what is the current best accept length for the default drafter and how
-do I reproduce it". Each lookup below reads one file of the built site and nothing else (no
-baselines/, no eaglekb import), as an agent would. The default drafter is trained in a later
-issue, so the drafter-specific check is an expected failure until then; the same lookup over all
-probe baselines runs now.
+The questions an agent asks before acting, each answered from one file of the built site and nothing else
+(no baselines/, no eaglekb import), then checked against the repository: the best accept length of the
+default drafter on each prompt set and how to reproduce it; why a finding is open or contested; the next
+step of the game plan; the ordered commands for a new target. The answers are derived from whatever
+baselines exist (the default drafter is re-recorded from time to time), never from hard-coded numbers.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -16,43 +17,54 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from helpers.site import ROOT
-
-
-# --------------------------------------------------------------------------- the lookups
-
-
-def _is_drafter(bid: str, config: dict | None, drafter: str) -> bool:
-    """A probe of DRAFTER: its config says so (config.drafter), or its name carries the word."""
-    if config and str(config.get("drafter", "")).strip().lower() == drafter.lower():
-        return True
-    return drafter.lower() in re.split(r"[-_.]", bid.split("/", 1)[-1].lower())
-
 
 ACCEPT_KEYS = ("online.accept_len", "accept_len")
 
 
-def best_accept_length_from_index(index: dict, drafter: str | None = None) -> dict | None:
-    """From knowledge.json: the probe baseline with the highest accept_len (of DRAFTER if given),
-    the command that reproduces it, and the findings that cite it."""
-    best = None
+# --------------------------------------------------------------------------- the lookups (index alone)
+
+
+def _accept(entry: dict) -> float | None:
+    """Measured probes hold the online (runtime, bonus included) accept length; recorded ones a flat value."""
+    return next((entry["metrics"][k] for k in ACCEPT_KEYS if k in entry["metrics"]), None)
+
+
+def best_by_prompt_set(index: dict, drafter: str) -> dict[str, dict]:
+    """From knowledge.json: per prompt set, the probe of DRAFTER with the highest accept length, the command
+    that reproduces it, its noise, its pages and the findings that cite it."""
+    best: dict[str, dict] = {}
     for bid, entry in index["baselines"].items():
-        # Measured probes hold the online (runtime, bonus included) accept length; recorded ones a flat value.
-        value = next((entry["metrics"][k] for k in ACCEPT_KEYS if k in entry["metrics"]), None)
-        if entry["kind"] != "probe" or value is None:
+        value = _accept(entry)
+        if entry["kind"] != "probe" or value is None or entry["config"].get("drafter") != drafter:
             continue
-        if drafter and not _is_drafter(bid, entry.get("config"), drafter):
-            continue
-        if best is None or value > best["accept_len"]:
-            best = {"baseline": bid, "accept_len": value,
-                    "command": entry["command"], "source": entry["source"], "file": entry["file"]}
-    if best:
-        best["findings"] = sorted(fid for fid, f in index["findings"].items() if best["baseline"] in f["evidence"])
+        prompts = entry["config"]["prompts"]
+        if prompts not in best or value > best[prompts]["accept_len"]:
+            key = next(k for k in ACCEPT_KEYS if k in entry["metrics"])
+            best[prompts] = {"baseline": bid, "accept_len": value, "command": entry["command"],
+                             "allowed": entry["key_metrics"][key]["allowed"], "page": entry["page"],
+                             "json": entry["json"], "host": entry["host_text"], "findings": entry["cited_by"]}
     return best
 
 
-_PAGE = re.compile(r"^# (probe/[a-z0-9][a-z0-9._-]*)\n(.*?)^Source file: `baselines/probe/", re.M | re.S)
+def best_accept_length_from_index(index: dict, drafter: str | None = None) -> dict | None:
+    """Over all probes (of DRAFTER by config or by a word of the name, if given): the highest accept length."""
+    best = None
+    for bid, entry in index["baselines"].items():
+        value = _accept(entry)
+        if entry["kind"] != "probe" or value is None:
+            continue
+        if drafter and not (entry.get("config", {}).get("drafter") == drafter
+                            or drafter in re.split(r"[-_./]", bid.split("/", 1)[1])):
+            continue
+        if best is None or value > best["accept_len"]:
+            best = {"baseline": bid, "accept_len": value, "command": entry["command"], "file": entry["file"]}
+    return best
+
+
+_PAGE = re.compile(r"^# (probe/[a-z0-9][a-z0-9._-]*)\n(.*?)^The JSON file itself", re.M | re.S)
 
 
 def _cell(page: str, key: str) -> str | None:
@@ -60,20 +72,47 @@ def _cell(page: str, key: str) -> str | None:
     return m.group(1) if m else None
 
 
-def best_accept_length_from_llms_full(text: str, drafter: str | None = None) -> dict | None:
-    """The same answer read from llms-full.txt: each baseline page there has its metrics table,
-    its config table and its provenance (`- **command**: `...``)."""
-    best = None
+def best_by_prompt_set_from_llms_full(text: str, drafter: str) -> dict[str, dict]:
+    """The same answer from llms-full.txt: each baseline page has its metrics table, its config table
+    (rows drafter, prompts) and its provenance (`- **command**: `...``)."""
+    best: dict[str, dict] = {}
     for bid, page in _PAGE.findall(text):
         value = next((v for v in (_cell(page, k) for k in ACCEPT_KEYS) if v is not None), None)
-        if value is None:
+        if value is None or _cell(page, "drafter") != drafter:
             continue
-        if drafter and not _is_drafter(bid, {"drafter": _cell(page, "drafter") or ""}, drafter):
-            continue
+        prompts = _cell(page, "prompts")
         command = re.search(r"^- \*\*command\*\*: `(.+?)`\s*$", page, re.M)
-        if best is None or float(value) > best["accept_len"]:
-            best = {"baseline": bid, "accept_len": float(value), "command": command.group(1) if command else None}
+        if prompts not in best or float(value) > best[prompts]["accept_len"]:
+            best[prompts] = {"baseline": bid, "accept_len": float(value), "command": command and command.group(1)}
     return best
+
+
+# --------------------------------------------------------------------------- ground truth (the repository)
+
+
+def _recorded(kind: str) -> dict[str, dict]:
+    return {f"{kind}/{p.stem}": json.loads(p.read_text()) for p in sorted((ROOT / "baselines" / kind).glob("*.json"))}
+
+
+def _json_accept(data: dict) -> float | None:
+    m = data["metrics"]
+    return m["online"]["accept_len"] if "accept_len" in m.get("online", {}) else m.get("accept_len")
+
+
+def _expected_best(drafter: str) -> dict[str, tuple[str, dict]]:
+    out: dict[str, tuple[str, dict]] = {}
+    for bid, data in _recorded("probe").items():
+        value = _json_accept(data)
+        if value is None or data["config"].get("drafter") != drafter:
+            continue
+        prompts = data["config"]["prompts"]
+        if prompts not in out or value > _json_accept(out[prompts][1]):
+            out[prompts] = (bid, data)
+    return out
+
+
+def _front(path: Path) -> dict:
+    return yaml.safe_load(path.read_text(encoding="utf-8").split("---\n")[1])
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -89,79 +128,141 @@ def llms_full(site):  # noqa: F811
     return (site / "llms-full.txt").read_text(encoding="utf-8")
 
 
-def _recorded_probes() -> dict[str, dict]:
-    """The probe baselines in the repository (the ground truth the answers are checked against)."""
-    return {f"probe/{p.stem}": json.loads(p.read_text()) for p in sorted((ROOT / "baselines/probe").glob("*.json"))}
+# --------------------------------------------------------------------------- the questions
 
 
-def _accept_len(data: dict) -> float | None:
-    """Read straight from the JSON: online accept length (measured probes) or the flat value (recorded)."""
-    m = data["metrics"]
-    return m["online"]["accept_len"] if "accept_len" in m.get("online", {}) else m.get("accept_len")
+def test_best_accept_length_of_the_default_drafter_on_each_prompt_set(index, site):
+    drafter = index["defaults"]["drafter"]
+    expected = _expected_best(drafter)
+    assert expected, f"no probe baseline of the default drafter {drafter}"
+    answer = best_by_prompt_set(index, drafter)
+    assert sorted(answer) == sorted(expected)
+    for prompts, (bid, data) in expected.items():
+        got = answer[prompts]
+        assert (got["baseline"], got["accept_len"]) == (bid, _json_accept(data)), prompts
+        assert got["command"] == data["provenance"]["command"] and got["command"].startswith("invoke probe")
+        assert got["allowed"] > 0 and got["host"]
+        assert (site / got["page"] / "index.html").is_file() and (site / got["json"]).is_file()
+        assert json.loads((site / got["json"]).read_text()) == data
+    assert index["defaults"]["probe"] in index["baselines"]
 
 
-def _expected_best() -> tuple[str, dict]:
-    probes = {bid: b for bid, b in _recorded_probes().items() if _accept_len(b) is not None}
-    assert probes, "no probe baseline records an accept length"
-    return max(probes.items(), key=lambda kv: _accept_len(kv[1]))
+def test_the_same_answer_from_llms_full(index, llms_full):
+    drafter = index["defaults"]["drafter"]
+    from_index = best_by_prompt_set(index, drafter)
+    from_text = best_by_prompt_set_from_llms_full(llms_full, drafter)
+    assert sorted(from_text) == sorted(from_index)
+    for prompts, got in from_text.items():
+        assert (got["baseline"], got["command"]) == (from_index[prompts]["baseline"], from_index[prompts]["command"])
+        assert got["accept_len"] == pytest.approx(from_index[prompts]["accept_len"], abs=5e-4)  # 4 digits shown
 
 
-# --------------------------------------------------------------------------- tests
-
-
-def test_best_probe_accept_length_from_knowledge_json(index):
-    bid, data = _expected_best()
+def test_best_probe_over_all_drafters(index):
+    probes = {bid: d for bid, d in _recorded("probe").items() if _json_accept(d) is not None}
+    bid, data = max(probes.items(), key=lambda kv: _json_accept(kv[1]))
     answer = best_accept_length_from_index(index)
-    assert answer["baseline"] == bid
-    assert answer["accept_len"] == _accept_len(data)
-    assert answer["command"] == data["provenance"]["command"] and answer["command"].strip()
-    assert answer["file"] == f"baselines/{bid}.json"
-
-
-def test_best_probe_accept_length_from_llms_full(llms_full, index):
-    bid, data = _expected_best()
-    answer = best_accept_length_from_llms_full(llms_full)
-    assert (answer["baseline"], answer["command"]) == (bid, data["provenance"]["command"])
-    assert answer["accept_len"] == pytest.approx(_accept_len(data), abs=5e-4)  # the site shows 4 digits
-    from_index = best_accept_length_from_index(index)
-    assert (answer["baseline"], answer["command"]) == (from_index["baseline"], from_index["command"])
-
-
-def test_best_accept_length_of_the_default_drafter(index, llms_full):
-    answer = best_accept_length_from_index(index, drafter="default")
-    assert answer is not None, "no probe baseline of the default drafter in knowledge.json"
-    recorded = json.loads((ROOT / "baselines/probe/smollm2-135m-default.json").read_text())
-    assert answer["baseline"] == "probe/smollm2-135m-default"
-    assert answer["accept_len"] == recorded["metrics"]["online"]["accept_len"]
-    assert answer["command"].startswith("invoke probe")
-    from_text = best_accept_length_from_llms_full(llms_full, drafter="default")
-    assert from_text["baseline"] == answer["baseline"]
-    assert from_text["accept_len"] == pytest.approx(answer["accept_len"], abs=5e-4)  # the site shows 4 digits
+    assert (answer["baseline"], answer["accept_len"]) == (bid, _json_accept(data))
+    assert answer["command"] == data["provenance"]["command"] and answer["file"] == f"baselines/{bid}.json"
 
 
 def test_lookup_picks_the_drafter_by_config_or_name():
     entry = {"kind": "probe", "source": "measured", "file": "f", "command": "invoke probe"}
     index = {"findings": {}, "baselines": {
         "probe/other": {**entry, "metrics": {"accept_len": 3.0}, "config": {"drafter": "k2"}},
-        "probe/run-7": {**entry, "metrics": {"accept_len": 2.1}, "config": {"drafter": "default"}},
-        "probe/default-smoke": {**entry, "metrics": {"accept_len": 1.9}},
-        "bench/default-x": {**entry, "kind": "bench", "metrics": {"accept_len": 9.0}},
+        "probe/run-7": {**entry, "metrics": {"online.accept_len": 2.1}, "config": {"drafter": "default"}},
+        "probe/default-smoke": {**entry, "metrics": {"accept_len": 1.9}, "config": {}},
+        "bench/default-x": {**entry, "kind": "bench", "metrics": {"accept_len": 9.0}, "config": {}},
     }}
     assert best_accept_length_from_index(index)["baseline"] == "probe/other"
     assert best_accept_length_from_index(index, drafter="default")["baseline"] == "probe/run-7"
     assert best_accept_length_from_index(index, drafter="nobody") is None
 
 
-def test_knowledge_json_indexes_findings_and_baselines(index):
+def test_why_a_finding_is_open_or_contested(index, site):
+    pages = {p.stem: _front(p) for p in (ROOT / "docs/findings").glob("F*.md")}
+    unsettled = {fid: f for fid, f in index["findings"].items() if f["status"] in ("open", "contested")}
+    assert unsettled == {fid: index["findings"][fid] for fid, meta in pages.items()
+                         if meta["status"] in ("open", "contested")}
+    assert unsettled, "no open or contested finding to ask about"
+    for fid, f in index["findings"].items():
+        assert f["status_reason"] == pages[fid]["status_reason"] and len(f["status_reason"]) > 40, fid
+        assert f["reproduce"] and all(c.startswith("invoke ") for c in f["reproduce"]), fid
+        assert (site / f["page"] / "index.html").is_file(), fid
+        for bid in f["evidence"]:
+            urls = f["evidence_urls"][bid]
+            assert (site / urls["page"] / "index.html").is_file() and (site / urls["json"]).is_file(), (fid, bid)
+
+
+def test_the_next_step_of_the_game_plan(index, site):
+    plan = _front(ROOT / "docs/plan.md")
+    got = index["plan"]
+    assert got["current_phase"] == plan["current_phase"] and got["decision_rule"] == plan["decision_rule"]
+    first = got["next_steps"][0]
+    assert first["title"] == plan["next_steps"][0]["title"] and first["commands"]
+    assert all(c.startswith("invoke ") for step in got["next_steps"] for c in step["commands"])
+    assert all(b in index["baselines"] for step in got["next_steps"] for b in step["evidence"])
+    assert (site / got["page"] / "index.html").is_file()
+
+
+def test_the_ordered_commands_for_a_new_target(index, site):
+    recipe = index["recipes"]["new-target"]
+    tasks = [s["command"].split()[1] for s in recipe["steps"]]
+    assert tasks[:8] == ["plan", "models.prepare", "datagen", "vocab.build", "finetune", "inspect", "probe", "bench"]
+    assert "--record" in recipe["steps"][-1]["command"]
+    assert all(s["expect"] for s in recipe["steps"])
+    assert (site / recipe["page"] / "index.html").is_file()
+    page = html.unescape(re.sub(r"<[^>]+>", "", (site / recipe["page"] / "index.html").read_text()))
+    assert all(s["command"] in page for s in recipe["steps"])
+
+
+def test_agents_page_example_runs_on_the_index(site, index):
+    """The Python on the agents page, run as written next to knowledge.json, answers all four questions."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/agents.md").read_text(), re.S)
+    assert blocks
+    out = subprocess.run([sys.executable, "-c", blocks[0]], cwd=site, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    for prompts, got in best_by_prompt_set(index, index["defaults"]["drafter"]).items():
+        assert f"{prompts}: {got['accept_len']:.3f}" in out.stdout and got["command"] in out.stdout
+    assert index["plan"]["next_steps"][0]["title"] in out.stdout
+    assert index["recipes"]["new-target"]["steps"][0]["command"] in out.stdout
+
+
+def test_baselines_carry_noise_host_versions_citation(index, site):
     recorded = {f"{p.parent.name}/{p.stem}" for p in (ROOT / "baselines").glob("*/*.json")}
     assert set(index["baselines"]) == recorded
-    for bid, entry in index["baselines"].items():
-        assert entry["metrics"] and entry["command"] and entry["file"] == f"baselines/{bid}.json", bid
-    pages = {p.stem for p in (ROOT / "docs/findings").glob("F*.md")}
-    assert set(index["findings"]) == pages
-    for fid, f in index["findings"].items():
-        assert {"id", "claim", "status", "evidence", "reproduce"} <= set(f), fid
-        assert all(b in index["baselines"] for b in f["evidence"]), fid
+    for bid, e in index["baselines"].items():
+        assert e["metrics"] and e["command"].startswith("invoke ") and e["file"] == f"baselines/{bid}.json", bid
+        assert {"repeats", "tolerance_rel"} <= set(e["noise"]) and e["versions"] and e["host_text"], bid
+        assert "None" not in e["host_text"], (bid, e["host_text"])
+        assert (site / e["json"]).read_bytes() == (ROOT / e["file"]).read_bytes(), bid
+        for path, km in e["key_metrics"].items():
+            assert km["value"] == e["metrics"][path] and km["allowed"] >= 0 and km["better"] in ("higher", "lower")
+        if e["source"] == "recorded":  # copied from a report: the host copied, the report's system measured
+            assert e["citation"]["document"] and e["measured_on"] and "copied" in e["host_role"], bid
+        else:
+            assert e["measured_on"] is None and e["host_role"] == "measured this result", bid
+
+
+def _links(text: str) -> list[str]:
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_llms_files_have_relative_links_that_resolve_and_no_table_padding(site, llms_full):
+    site_url = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["site_url"].rstrip("/")
+    for name in ("llms.txt", "llms-full.txt"):
+        text = (site / name).read_text(encoding="utf-8")
+        links = [u for u in _links(text) if "://" not in u and not u.startswith(("#", "mailto:", "data:"))]
+        assert links, name
+        assert f"]({site_url}" not in text, f"{name} links {site_url}"
+        missing = sorted({u for u in links if not (site / u.split("#")[0]).exists()})
+        assert not missing, f"{name} links pages that do not exist: {missing[:10]}"
+    fence, padded = False, []
+    for line in llms_full.splitlines():
+        fence = fence != line.lstrip().startswith("```")  # literal output inside fences stays as printed
+        if not fence and line.startswith("|") and re.search(r"\S {2,}\|| {2,}\S", line):
+            padded.append(line)
+    assert not padded, "padded table rows in llms-full.txt:\n" + "\n".join(padded[:5])
+    assert "notebooks/viability/index.md" not in llms_full
 
 
 def _words(text: str) -> str:
@@ -175,7 +276,8 @@ def test_llms_txt_and_llms_full_cover_every_finding(site, index, llms_full):  # 
     for fid, f in index["findings"].items():
         assert f"findings/{fid}/" in llms, f"llms.txt does not list {fid}"
         assert _words(f["claim"]) in full, f"llms-full.txt lacks the claim of {fid}"
-        assert _words(f["reproduce"]) in full, f"llms-full.txt lacks the reproduce command of {fid}"
+        for command in f["reproduce"]:
+            assert _words(command) in full, f"llms-full.txt lacks the reproduce command {command!r} of {fid}"
     for bid in index["baselines"]:
         assert f"baselines/{bid}/" in llms, f"llms.txt does not list the baseline page {bid}"
 

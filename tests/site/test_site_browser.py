@@ -12,9 +12,12 @@ import io
 import json
 import math
 import re
+import socket
 import subprocess
 import sys
 import tarfile
+import time
+import urllib.request
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from urllib.parse import urlparse
@@ -64,6 +67,8 @@ class Tab:
                         and self.failed.append(f"failed ({r.failure}) {r.url}"))
         self.page = self.context.new_page()
         self.page.set_default_timeout(15_000)
+        self.console: list[str] = []  # what the browser console shows as an error (a 404 shows here too)
+        self.page.on("console", lambda m: m.type == "error" and self.console.append(f"{self.page.url}: {m.text}"))
 
     def goto(self, url: str):
         response = self.page.goto(url, wait_until="load")
@@ -154,10 +159,11 @@ def test_every_page_loads_and_nothing_leaves_the_machine(site, base_url, tab):  
         assert tab.page.locator("h1").count() >= 1, f"{path}: no heading rendered"
     tab.page.wait_for_load_state("networkidle")
     tab.assert_offline()
-    # An unversioned build asks for ../versions.json (the mike version selector) and gets a 404:
-    # harmless, the selector stays hidden. Anything else missing is a broken asset.
-    broken = [f for f in tab.failed if not f.endswith("/versions.json")]
-    assert not broken, "assets failed to load:\n" + "\n".join(broken)
+    # Nothing missing, not even the version selector's versions.json (an unversioned build has no selector),
+    # and nothing in the console.
+    assert not tab.failed, "assets failed to load:\n" + "\n".join(tab.failed)
+    assert not any(u.endswith("/versions.json") for u in tab.requests)
+    assert not tab.console, "console errors:\n" + "\n".join(tab.console)
 
 
 def test_baseline_tables_show_the_numbers_in_the_json(site, base_url, tab):  # noqa: F811
@@ -182,7 +188,8 @@ def test_baseline_tables_show_the_numbers_in_the_json(site, base_url, tab):  # n
     assert sorted(pages) == sorted(f"baselines/{p.relative_to(ROOT / 'baselines').with_suffix('').as_posix()}/"
                                    for p in files), "baseline pages and baselines/*/*.json differ"
     tab.assert_offline()
-    assert not [f for f in tab.failed if not f.endswith("/versions.json")], tab.failed
+    assert not tab.failed, tab.failed
+    assert not tab.console, tab.console
 
 
 def test_break_even_number_is_on_the_investigation_page(base_url, tab):
@@ -212,7 +219,13 @@ def test_notebook_renders_with_its_output(base_url, tab):
     text = tab.page.locator("body").inner_text()
     assert "recomputed break-even matches" in text
     assert "Traceback" not in text
+    plot = tab.page.locator("img[src^='data:image/png']").first
+    plot.scroll_into_view_if_needed()
+    plot.wait_for(state="visible")
+    width, height = plot.evaluate("i => [i.naturalWidth, i.naturalHeight]")
+    assert width > 300 and height > 200, (width, height)  # the plot cell's figure, drawn
     tab.assert_offline()
+    assert not tab.failed and not tab.console, (tab.failed, tab.console)
 
 
 def test_home_page_screenshot_and_version_line(base_url, tab, tmp_path_factory):
@@ -239,18 +252,19 @@ def _version_label(locator) -> tuple[str, str]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _mike_deploy(request, tmp_path_factory):
-    """Start `invoke docs.deploy 0.1 --alias latest --set-default` in a throwaway repo holding this
+    """Start `invoke docs.deploy 0.1` (alias latest, the default) in a throwaway repo holding this
     working tree as soon as the module starts, so its build runs alongside the main build and the
     page tests. (One version: each deploy is a full build, and the selector is the same code for
     one entry or many.)"""
-    if not any(item.name == "test_version_selector_works_offline" for item in request.session.items):
+    if not any(item.name in ("test_version_selector_works_offline", "test_every_page_of_the_published_version_loads_clean",
+                             "test_killing_serve_versions_leaves_no_mike_serve") for item in request.session.items):
         yield None
         return
     repo = working_tree_repo(tmp_path_factory.mktemp("repo"))
     log = repo.parent / "deploy.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "invoke", "docs.deploy", "0.1", "--alias", "latest",
-                                 "--set-default", "--json"], cwd=repo, env=git_env(EAGLEKB_ROOT=str(repo)),
+        # `invoke docs.deploy VERSION`: alias latest and the site root redirecting to it are the defaults.
+        proc = subprocess.Popen([sys.executable, "-m", "invoke", "docs.deploy", "0.1", "--json"], cwd=repo, env=git_env(EAGLEKB_ROOT=str(repo)),
                                 stdout=out, stderr=subprocess.STDOUT, text=True)
     yield repo, proc, log
     if proc.poll() is None:
@@ -296,4 +310,71 @@ def test_version_selector_works_offline(versioned_url, tab):
     assert "docs version 0.1" in page.locator("article").inner_text()
     assert any(u.endswith("/versions.json") for u in tab.requests)
     assert not tab.failed, tab.failed
+    assert not tab.console, tab.console
     tab.assert_offline()
+
+
+def test_every_page_of_the_published_version_loads_clean(versioned_url, tab):
+    """The site as `invoke docs.deploy` publishes it: every nav page under the default alias loads, its
+    version selector finds /versions.json, and no request fails and nothing reaches the console."""
+    for path in _nav_paths():
+        tab.goto(f"{versioned_url}latest/{path}")
+        tab.page.locator(".md-version__current").wait_for(state="visible")
+    tab.page.wait_for_load_state("networkidle")
+    assert any(u.endswith("/versions.json") for u in tab.requests)
+    assert not tab.failed, "\n".join(tab.failed)
+    assert not tab.console, "\n".join(tab.console)
+    tab.assert_offline()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _processes_serving(port: int) -> list[str]:
+    """Command lines of live processes that name this port (our own mike serve, if one survived)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "stat").read_text().split(") ")[-1].split()[0] == "Z":
+                continue  # a zombie is dead already
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"127.0.0.1:{port}" in cmd:
+            found.append(f"{proc.name}: {cmd}")
+    return found
+
+
+def test_killing_serve_versions_leaves_no_mike_serve(_mike_deploy, versioned_url):
+    """`invoke docs.serve-versions` becomes `mike serve` (no child process): stopping it stops the server."""
+    repo, _, _ = _mike_deploy
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "docs.serve-versions", "--addr", f"127.0.0.1:{port}"],
+                            cwd=repo, env=git_env(EAGLEKB_ROOT=str(repo)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/versions.json", timeout=2) as r:
+                    assert json.loads(r.read())[0]["version"] == "0.1"
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "serve-versions did not start"
+                time.sleep(0.3)
+        assert _processes_serving(port), "nothing serves the port"
+        proc.terminate()  # what a stop does: SIGTERM to the process the user started
+        proc.wait(timeout=20)
+        deadline = time.monotonic() + 10
+        while _processes_serving(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _processes_serving(port), "a server outlived its task:\n" + "\n".join(_processes_serving(port))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

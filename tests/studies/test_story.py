@@ -64,6 +64,8 @@ def test_record_builds_every_baseline_and_unpacks_drafters(tiny_run, tmp_path):
     assert {"datagen/tiny-a", "datagen/tiny-b", "vocab/tiny-mapping-a-vs-b", "plan/tiny-verdicts"} <= ids
     assert {f"finetune/tiny-{a}" for a in ARMS} | {f"probe/tiny-{a}" for a in ARMS} <= ids
     assert not (ROOT / "baselines" / "finetune" / "tiny-a-scratch.json").exists()  # dry run wrote nothing
+    assert not (tmp_path / "drafters").exists()  # the pieces were checked, nothing unpacked
+    story.unpack_drafters(tiny_run, tmp_path / "drafters")
     for a in ARMS:
         assert (tmp_path / "drafters" / a / "model.safetensors").is_file()
     specs = story.baseline_specs(tiny_run, prefix="tiny", command="c", commit="0" * 40)

@@ -40,11 +40,12 @@ def test_online_features_run_the_target_per_batch(data, tmp_path):
     assert rep["step"] == 2 and rep["history"]["train_loss"]["2"] > 0
 
 
-def test_resume_after_interruption_continues_identically(data, tmp_path):
-    whole = train(cfg_for(data, tmp_path / "whole"), progress=False)
-    cut = train(cfg_for(data, tmp_path / "cut", stop_after=3), progress=False)
+@pytest.mark.parametrize("batching", ["random", "length"])
+def test_resume_after_interruption_continues_identically(data, tmp_path, batching):
+    whole = train(cfg_for(data, tmp_path / "whole", batching=batching), progress=False)
+    cut = train(cfg_for(data, tmp_path / "cut", stop_after=3, batching=batching), progress=False)
     assert cut["stopped_early"] and cut["step"] == 3
-    resumed = train(cfg_for(data, tmp_path / "cut", resume=True), progress=False)
+    resumed = train(cfg_for(data, tmp_path / "cut", resume=True, batching=batching), progress=False)
     assert resumed["step"] == 6
     for step in map(str, range(1, 7)):
         assert resumed["history"]["train_loss"][step] == pytest.approx(whole["history"]["train_loss"][step], abs=1e-6)

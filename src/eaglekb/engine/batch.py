@@ -14,7 +14,7 @@ early on, but its kernels would change with the batch's composition, and so woul
 greedy tokens).
 
 Reproducibility: requests are served in order of prompt length; a prompt's prefill
-runs in a fixed shape (``PREFILL_ROWS`` rows x its own length rounded up to
+runs in a fixed shape (``prefill_rows`` rows x its own length rounded up to
 ``PREFILL_STEP``, grouped only with prompts of the same rounded length) and every
 decode step runs all ``B`` rows over all ``S`` slots, so a greedy row's tokens depend
 on its own prompt only, not on which other requests share the batch (nor on how
@@ -36,7 +36,7 @@ from eaglekb.engine.kv import StaticKV, causal_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import BadInput
 
-PREFILL_ROWS = 16
+PREFILL_ROWS = {"cuda": 64, "cpu": 16}  # rows per prefill: CUDA prefills are launch-bound, so wide ones are free
 PREFILL_STEP = 64
 CHECK_EVERY = 16
 
@@ -89,6 +89,7 @@ class BatchDecoder:
         if self.compiled:
             target.compile()
         self.check_every = check_every
+        self.prefill_rows = PREFILL_ROWS.get(self.device.type, PREFILL_ROWS["cpu"])
         self.kv = target.new_cache(max_len, batch=rows)
         dev, long = self.device, torch.long
         self.tok = torch.zeros(rows, 1, dtype=long, device=dev)
@@ -182,11 +183,11 @@ class BatchDecoder:
         """Prompts (of one length bucket) into cache rows ``rows`` in a fixed shape; first tokens picked."""
         bucket = self._bucket(max(len(r.prompt) for r in reqs))
         dev = self.device
-        ids = torch.zeros(PREFILL_ROWS, bucket, dtype=torch.long)
+        ids = torch.zeros(self.prefill_rows, bucket, dtype=torch.long)
         for i, r in enumerate(reqs):
             ids[i, :len(r.prompt)] = torch.as_tensor(list(r.prompt), dtype=torch.long)
         tmp = StaticKV(self.target.n_layers, self.target.n_kv, self.target.head_dim, bucket,
-                       dtype=self.target.dtype, device=dev, batch=PREFILL_ROWS)
+                       dtype=self.target.dtype, device=dev, batch=self.prefill_rows)
         ar = torch.arange(bucket, device=dev)
         logits, _ = self.target(ids.to(dev), ar, ar, causal_rows(0, bucket, bucket, dev), tmp)
         n = len(reqs)
@@ -247,7 +248,7 @@ class BatchDecoder:
         while queue and free:
             bucket = self._bucket(len(requests[queue[-1]].prompt))
             take = []
-            while queue and len(take) < min(PREFILL_ROWS, len(free)) and \
+            while queue and len(take) < min(self.prefill_rows, len(free)) and \
                     self._bucket(len(requests[queue[-1]].prompt)) == bucket:
                 take.append(queue.pop())
             rows = [free.pop(0) for _ in take]

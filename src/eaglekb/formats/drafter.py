@@ -137,7 +137,7 @@ class DrafterConfig:
     @classmethod
     def from_sglang_json(cls, doc: dict, where: str = "config.json") -> "DrafterConfig":
         arch = doc.get("architectures") or []
-        if SGLANG_ARCH not in arch:
+        if not isinstance(arch, list) or SGLANG_ARCH not in arch:
             raise SchemaError("unknown drafter architecture", where=f"{where}:architectures",
                               expected=f"[{SGLANG_ARCH!r}] or a speculators config",
                               found=repr(arch))
@@ -149,11 +149,14 @@ class DrafterConfig:
                               fix="remove or rename it (SGLang would ignore it silently)")
         kwargs = {k: doc[k] for k in own if k in doc and k != "torch_dtype"}
         kwargs["torch_dtype"] = str(doc.get("torch_dtype") or doc.get("dtype") or "bfloat16")
+        _check_rope(doc, where)
         rope = doc.get("rope_parameters") or {}
         if "rope_theta" not in doc and "rope_theta" in rope:
             kwargs["rope_theta"] = rope["rope_theta"]
-        _check_rope(doc, where)
         eagle = doc.get("eagle_config") or {}
+        if not isinstance(eagle, dict):
+            raise SchemaError("invalid config field", where=f"{where}:eagle_config", expected="an object",
+                              found=repr(eagle)[:80])
         ids = eagle.get("eagle_aux_hidden_state_layer_ids")
         extra = {k: v for k, v in doc.items() if k in _PASSIVE_FIELDS and k not in _WRITTEN}
         return _build(cls, kwargs, ids, extra, where)
@@ -211,6 +214,9 @@ class DrafterConfig:
         kwargs["target_hidden_size"] = doc.get("target_hidden_size")
         kwargs["torch_dtype"] = str(doc.get("torch_dtype") or doc.get("dtype") or "bfloat16")
         points = doc.get("eagle_aux_hidden_state_layer_ids")
+        if points is not None and not (isinstance(points, list) and all(_is_int(p) for p in points)):
+            raise SchemaError("invalid aux layer ids", where=f"{where}:eagle_aux_hidden_state_layer_ids",
+                              expected="a list of 3 integers", found=repr(points)[:80])
         ids = [int(p) - 1 for p in points] if points is not None else None
         return _build(cls, kwargs, ids, {}, where)
 
@@ -225,23 +231,52 @@ def _check_rope(doc: dict, where: str) -> None:
     """eaglekb's drafter implements default RoPE only; refuse scaled RoPE rather than run it wrong."""
     for key in ("rope_scaling", "rope_parameters"):
         rope = doc.get(key)
+        if rope is not None and not isinstance(rope, dict):
+            raise SchemaError("invalid config field", where=f"{where}:{key}", expected="null or an object",
+                              found=repr(rope)[:80])
         kind = (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
         if kind not in (None, "default"):
             raise Incompatible("unsupported RoPE scaling", where=f"{where}:{key}",
                                expected="null or default RoPE", found=repr(kind))
 
 
-def _build(cls, kwargs: dict, ids, extra: dict, where: str) -> DrafterConfig:
-    required = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-                "vocab_size", "draft_vocab_size")
-    for key in required:
+#: Whole-number fields and their largest sane value (a config from elsewhere must not size a huge tensor).
+_INT_LIMITS = {"hidden_size": 1 << 17, "intermediate_size": 1 << 20, "num_attention_heads": 4096,
+               "num_key_value_heads": 4096, "vocab_size": 1 << 23, "draft_vocab_size": 1 << 23,
+               "target_hidden_size": 1 << 17, "head_dim": 1 << 14, "max_position_embeddings": 1 << 24}
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+             "draft_vocab_size")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_values(kwargs: dict, ids: Any, where: str) -> None:
+    """Every field of the right type and in range (a config.json from elsewhere), one line for the first not."""
+    for key, top in _INT_LIMITS.items():
         value = kwargs.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if value is None and key not in _REQUIRED:
+            continue
+        if not _is_int(value) or not 0 < value <= top:
             raise SchemaError("missing or invalid config field", where=f"{where}:{key}",
-                              expected="a positive integer", found=repr(value))
-    if ids is not None and (not isinstance(ids, list) or len(ids) != 3):
+                              expected=f"a whole number in 1..{top}", found=repr(value)[:80])
+    for key in ("rms_norm_eps", "rope_theta"):
+        value = kwargs.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 < value < float("inf")):
+            raise SchemaError("invalid config field", where=f"{where}:{key}", expected="a number > 0",
+                              found=repr(value)[:80])
+    if not isinstance(kwargs.get("hidden_act", "silu"), str):
+        raise SchemaError("invalid config field", where=f"{where}:hidden_act", expected="text such as silu",
+                          found=repr(kwargs["hidden_act"])[:80])
+    if ids is not None and (not isinstance(ids, list) or len(ids) != 3 or not all(_is_int(i) for i in ids)):
         raise SchemaError("invalid aux layer ids", where=f"{where}:eagle_aux_hidden_state_layer_ids",
-                          expected="a list of 3 integers", found=repr(ids))
+                          expected="a list of 3 integers", found=repr(ids)[:80])
+
+
+def _build(cls, kwargs: dict, ids, extra: dict, where: str) -> DrafterConfig:
+    _check_values(kwargs, ids, where)
     return cls(**kwargs, aux_layer_ids=[int(i) for i in ids] if ids is not None else None, extra=extra)
 
 

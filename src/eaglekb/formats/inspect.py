@@ -36,6 +36,8 @@ _CONFIG_FIELDS = (
     "num_hidden_layers", "vocab_size", "draft_vocab_size", "target_hidden_size", "rms_norm_eps",
     "rope_theta", "max_position_embeddings", "hidden_act", "torch_dtype", "tie_word_embeddings",
 )
+_INT_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "num_hidden_layers", "vocab_size", "draft_vocab_size", "target_hidden_size", "max_position_embeddings")
 _SGLANG_KNOWN_FIELDS = set(_CONFIG_FIELDS) | {
     "architectures", "model_type", "eagle_config", "bos_token_id", "eos_token_id", "pad_token_id",
     "initializer_range", "pretraining_tp", "use_cache", "attention_bias", "attention_dropout",
@@ -55,14 +57,45 @@ def _load_tensor(folder: Path, file: str, key: str) -> torch.Tensor:
     return read_safetensors(folder / file, keys=[key])[key]
 
 
+def _object(config: dict, key: str, findings: list) -> dict:
+    """``config[key]`` when it is an object (or absent: {}); anything else is a finding."""
+    value = config.get(key)
+    if value is None or isinstance(value, dict):
+        return value or {}
+    findings.append(_finding("config-field-type", "error", f"config field {key!r} is {value!r:.60}; expected an object"))
+    return {}
+
+
+def _typed(flat: dict, findings: list) -> None:
+    """Config values of the wrong type or out of range (a config.json from elsewhere) become error
+    findings and are treated as absent by the checks that follow."""
+    for key in _INT_FIELDS:
+        v = flat.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 1 << 24):
+            findings.append(_finding("config-field-type", "error",
+                                     f"config field {key!r} is {v!r:.60}; expected a positive whole number"))
+            flat[key] = None
+    for key in ("rms_norm_eps", "rope_theta"):
+        v = flat.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf")):
+            findings.append(_finding("config-field-type", "error", f"config field {key!r} is {v!r:.60}; expected a number > 0"))
+            flat[key] = None
+    ids = flat.get("aux_layer_ids")
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                                              and 0 <= i < 4096 for i in ids)):
+        findings.append(_finding("config-field-type", "error", f"aux layer ids are {ids!r:.60}; expected a list of layer numbers"))
+        flat["aux_layer_ids"] = None
+
+
 def _normalise_speculators(config: dict, findings: list) -> tuple[dict, dict[str, str]]:
-    layer = config.get("transformer_layer_config") or {}
+    layer = _object(config, "transformer_layer_config", findings)
     flat = {k: layer.get(k) for k in _CONFIG_FIELDS if k in layer}
     for k in ("draft_vocab_size", "target_hidden_size", "torch_dtype"):
         if config.get(k) is not None:
             flat[k] = config[k]
     points = config.get("eagle_aux_hidden_state_layer_ids")
-    flat["aux_layer_ids"] = [int(p) - 1 for p in points] if points else None
+    ok = isinstance(points, list) and all(isinstance(p, int) and not isinstance(p, bool) for p in points)
+    flat["aux_layer_ids"] = [p - 1 for p in points] if points and ok else (points or None)
     if config.get("speculators_model_type") != "eagle3":
         findings.append(_finding("unknown-architecture", "error",
                                  f"speculators_model_type {config.get('speculators_model_type')!r} "
@@ -76,15 +109,14 @@ def _normalise_speculators(config: dict, findings: list) -> tuple[dict, dict[str
 
 def _normalise_sglang(config: dict, findings: list) -> tuple[dict, dict[str, str]]:
     arch = config.get("architectures") or []
-    if SGLANG_ARCH not in arch:
+    if not isinstance(arch, list) or SGLANG_ARCH not in arch:
         findings.append(_finding("unknown-architecture", "error",
                                  f"architectures {arch!r} is not [{SGLANG_ARCH!r}]: SGLang will not "
                                  "load it as an EAGLE-3 drafter"))
     flat = {k: config.get(k) for k in _CONFIG_FIELDS if k in config}
     if "rope_theta" not in flat and isinstance(config.get("rope_parameters"), dict):
         flat["rope_theta"] = config["rope_parameters"].get("rope_theta")
-    eagle = config.get("eagle_config") or {}
-    flat["aux_layer_ids"] = eagle.get("eagle_aux_hidden_state_layer_ids")
+    flat["aux_layer_ids"] = _object(config, "eagle_config", findings).get("eagle_aux_hidden_state_layer_ids")
     for key in sorted(set(config) - _SGLANG_KNOWN_FIELDS):
         findings.append(_finding("config-unknown-field", "warning",
                                  f"config field {key!r} is not an EAGLE-3 drafter field; "
@@ -101,6 +133,7 @@ def _normalise(config: dict, tensors: dict) -> tuple[str, dict, dict[str, str], 
     else:
         fmt = "sglang"
         flat, rename = _normalise_sglang(config, findings)
+    _typed(flat, findings)
     names: dict[str, str] = {}
     for stored in tensors:
         canon = stored
@@ -142,8 +175,8 @@ def _check_config(config: dict, flat: dict, findings: list) -> None:
         findings.append(_finding("config-missing-field", "error",
                                  "draft_vocab_size is absent: SGLang assumes the full vocab and loads "
                                  "lm_head from the target"))
-    if config.get("tie_word_embeddings") or (config.get("transformer_layer_config") or {}).get(
-            "tie_word_embeddings"):
+    layer = config.get("transformer_layer_config")
+    if config.get("tie_word_embeddings") or (isinstance(layer, dict) and layer.get("tie_word_embeddings")):
         findings.append(_finding("tied-embeddings", "error",
                                  "tie_word_embeddings=true: SGLang uses embed_tokens as lm_head and "
                                  "ignores the trained lm_head"))
@@ -215,8 +248,9 @@ def _check_target(target, flat: dict, shape: dict, aux: dict, findings: list) ->
     if not Path(target).is_dir():
         raise MissingFile("target folder not found", where=str(target))
     tc = read_config_json(Path(target))
-    tc = tc.get("text_config", tc)
-    hidden, vocab, layers = tc.get("hidden_size"), tc.get("vocab_size"), tc.get("num_hidden_layers")
+    tc = tc["text_config"] if isinstance(tc.get("text_config"), dict) else tc
+    hidden, vocab, layers = (v if isinstance(v, int) and not isinstance(v, bool) else None
+                             for v in (tc.get("hidden_size"), tc.get("vocab_size"), tc.get("num_hidden_layers")))
     fc = shape.get("fc.weight")
     if fc and isinstance(hidden, int) and (len(fc) != 2 or fc[1] != 3 * hidden):
         findings.append(_finding("target-hidden", "error",

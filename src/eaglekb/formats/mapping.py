@@ -37,7 +37,7 @@ import torch
 
 from eaglekb.formats.drafter import read_config, weight_files
 from eaglekb.formats.headers import tensor_headers
-from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
+from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError, first_line
 from eaglekb.io.files import atomic_save_safetensors, read_safetensors, safetensors_keys
 
 MAPPING_FORMAT = "eaglekb-vocab-mapping"
@@ -302,7 +302,7 @@ def _mapping_from_pt(p: Path) -> Mapping:
         doc = torch.load(str(p), map_location="cpu", weights_only=True)
     except Exception as exc:
         raise IntegrityError("unreadable .pt mapping (only tensors are loaded, no pickle)", where=str(p),
-                             found=str(exc).splitlines()[0][:160]) from None
+                             found=first_line(exc, 160)) from None
     if not isinstance(doc, dict) or "d2t" not in doc:
         raise SchemaError("not a vocab mapping", where=str(p), expected="a dict with d2t and t2d",
                           found=type(doc).__name__)

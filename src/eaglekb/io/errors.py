@@ -22,6 +22,13 @@ def one_line(text: str) -> str:
                    for ch in str(text))
 
 
+def first_line(exc: BaseException | str, limit: int = 200) -> str:
+    """The first non-blank line of an exception's message (or text), at most ``limit`` characters; the
+    exception's type name when the message is empty."""
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0][:limit] if lines else (type(exc).__name__ if isinstance(exc, BaseException) else "")
+
+
 class EaglekbError(Exception):
     """Base class: a message that fits on one line and names what, where, expected, found."""
 

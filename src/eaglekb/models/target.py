@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eaglekb.io.errors import BadInput, Unavailable
+from eaglekb.models.checks import load_causal_lm
 
 CONVENTIONS = ("sglang", "vllm")
 
@@ -121,7 +122,7 @@ class Target:
     ) -> "Target":
         """Load a transformers checkpoint folder (see ``sources.resolve`` for names and repo ids)."""
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if dtype not in ("float32", "bfloat16", "float16"):
             raise BadInput("unsupported dtype", where="dtype",
@@ -129,9 +130,7 @@ class Target:
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise Unavailable("CUDA is not available", where=f"device={device}",
                               fix="use --device cpu")
-        model = AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code
-        ).to(device)
+        model = load_causal_lm(path, dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code).to(device)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
         except (OSError, ValueError):

@@ -3,7 +3,7 @@
 Owns: ``loss_counts`` (loss-carrying positions per sequence), ``split_indices`` (the
 deterministic train / validation split), ``Batches`` (a deterministic batch order per
 step, a function of seed and epoch, so a resumed run sees the same batches) and
-``collate`` (sequences padded into one batch; online data runs the target here).
+``sequence_lengths`` (for length grouping) and ``collate`` (sequences padded into one batch; online data runs the target here).
 
 Knows nothing about the drafter, the loss, optimisers, processes or the task runner;
 the dataset format is ``eaglekb.formats.shards``.
@@ -49,18 +49,48 @@ def split_indices(dataset, counts: list[int], *, seed: int, val_fraction: float,
 
 
 class Batches:
-    """Deterministic batches of sequences from a dataset (order = f(seed, epoch))."""
+    """Deterministic batches of sequences from a dataset (order = f(seed, epoch)).
 
-    def __init__(self, dataset, indices: list[int], batch_size: int, max_len: int, seed: int):
+    ``lengths`` (tokens kept per sequence, by dataset index) turns on length grouping: the
+    epoch's shuffled order is cut into windows of ``GROUP`` batches, each window sorted by
+    length and cut into batches, and the batches shuffled again, so a batch pads to a
+    length close to its members' while every sequence is still seen once per epoch.
+    """
+
+    GROUP = 64
+
+    def __init__(self, dataset, indices: list[int], batch_size: int, max_len: int, seed: int,
+                 lengths: list[int] | None = None):
         self.ds, self.indices, self.bs, self.max_len, self.seed = dataset, indices, batch_size, max_len, seed
         self.per_epoch = max(1, len(indices) // batch_size)
+        self.lengths = lengths
+        self._epoch: tuple[int, list[list[int]]] | None = None
 
     def items(self, step: int) -> list[int]:
         epoch, j = divmod(step, self.per_epoch)
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = (epoch, self._plan(epoch))
+        return self._epoch[1][j]
+
+    def _plan(self, epoch: int) -> list[list[int]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = torch.randperm(len(self.indices), generator=g).tolist()
-        take = order[j * self.bs:(j + 1) * self.bs] or order[: self.bs]
-        return [self.indices[i] for i in take]
+        seqs = [self.indices[i] for i in order]
+        if self.lengths is not None:
+            span = self.bs * self.GROUP
+            seqs = [i for w in range(0, len(seqs), span)
+                    for i in sorted(seqs[w:w + span], key=lambda i: (self.lengths[i], i))]
+        plan = [seqs[j * self.bs:(j + 1) * self.bs] for j in range(self.per_epoch)]
+        plan = [b or seqs[: self.bs] for b in plan]
+        if self.lengths is not None:
+            perm = torch.randperm(len(plan), generator=g).tolist()
+            plan = [plan[i] for i in perm]
+        return plan
+
+
+def sequence_lengths(dataset, max_len: int) -> list[int]:
+    """Per sequence: tokens kept (its length, capped at ``max_len``)."""
+    return [min(b - a, max_len) for offs in dataset.offsets for a, b in zip(offs[:-1], offs[1:])]
 
 
 def collate(dataset, items: list[int], max_len: int, device, features=None) -> dict:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, fields
 from eaglekb.io.errors import BadInput, SchemaError
 
 POSITIONS = ("runtime", "specforge")
+#: How sequences form batches: shuffled, or shuffled then grouped by length (same epoch, less padding).
+BATCHING = ("random", "length")
 #: Noise of a recorded training run: one run, 30% (GPU kernels and data order move losses and accuracies).
 NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
 #: The report of a run, in its ``out`` folder (next to ``checkpoints/`` and ``drafter/``).
@@ -38,6 +40,7 @@ class TrainConfig:
     step_weight: float = 0.8  # loss weight of step k is step_weight**k (fp)
     positions: str = "runtime"  # rotary position per TTT step: runtime (t+k) or specforge (t) (fp)
     batch_size: int = 8  # sequences per optimiser step, over all ranks (fp)
+    batching: str = "random"  # random batches, or "length": similar lengths together, less padding (fp)
     max_len: int = 1024  # tokens kept per sequence (fp)
     steps: int | None = None  # optimiser steps; None: epochs * sequences / batch_size (fp)
     epochs: float = 1.0  # (fp)
@@ -58,7 +61,7 @@ class TrainConfig:
     stop_after: int | None = None  # stop after this many steps of this process (tests, interruptions)
 
     FINGERPRINT = ("val_data", "val_fraction", "max_val_sequences", "draft_vocab_size", "intermediate_size",
-                   "ttt_steps", "step_weight", "positions", "batch_size", "max_len", "steps", "epochs", "lr",
+                   "ttt_steps", "step_weight", "positions", "batch_size", "batching", "max_len", "steps", "epochs", "lr",
                    "warmup_frac", "min_lr_frac", "weight_decay", "grad_clip", "seed")
 
     @classmethod
@@ -74,6 +77,9 @@ class TrainConfig:
         if self.positions not in POSITIONS:
             raise BadInput("unknown TTT position mode", where="positions", expected=" or ".join(POSITIONS),
                            found=repr(self.positions))
+        if self.batching not in BATCHING:
+            raise BadInput("unknown batching", where="batching", expected=" or ".join(BATCHING),
+                           found=repr(self.batching))
         for name, low in (("ttt_steps", 1), ("batch_size", 1), ("max_len", 4), ("log_every", 1)):
             if int(getattr(self, name)) < low:
                 raise BadInput("option out of range", where=name, expected=f">= {low}", found=str(getattr(self, name)))

@@ -38,7 +38,7 @@ from eaglekb.io.errors import BadInput, Incompatible
 from eaglekb.io.files import atomic_write_json
 from eaglekb.models.drafter import Eagle3Drafter, build_drafter_for_target, load_drafter, save_drafter
 from eaglekb.training import remap
-from eaglekb.training.batches import Batches, collate, loss_counts, split_indices
+from eaglekb.training.batches import Batches, collate, loss_counts, sequence_lengths, split_indices
 from eaglekb.training.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
 from eaglekb.training.config import METRICS, TrainConfig
 from eaglekb.training.distributed import all_reduce, barrier, dist_info, pick_device
@@ -146,9 +146,10 @@ def _choose_mapping(cfg: TrainConfig, ds):
 
 
 def data_mapping(dataset, draft_vocab_size: int) -> Mapping:
-    """The SpecForge-semantics mapping of the data's loss-masked tokens (``eaglekb.data.vocab``)."""
+    """The SpecForge-semantics mapping of the data's loss-masked tokens (``eaglekb.data.vocab``); a draft
+    vocab larger than the target's is refused (``select_top``), never clamped."""
     v = dataset.target["vocab_size"]
-    return build_mapping(counts_from_dataset(dataset.path, v), min(draft_vocab_size, v))
+    return build_mapping(counts_from_dataset(dataset.path, v), draft_vocab_size)
 
 
 def _drafter_for(cfg: TrainConfig, ds, mapping, mapping_report: dict, notes: list[str]):
@@ -375,7 +376,8 @@ def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> No
     cfg, out = run.cfg, Path(run.cfg.out)
     rank, world = dist_info()
     ddp = _wrap(run, world)
-    batches = Batches(run.dataset, run.train_idx, cfg.batch_size, cfg.max_len, cfg.seed)
+    lengths = sequence_lengths(run.dataset, cfg.max_len) if cfg.batching == "length" else None
+    batches = Batches(run.dataset, run.train_idx, cfg.batch_size, cfg.max_len, cfg.seed, lengths)
     bar = tqdm(total=run.total_steps, initial=p.start, desc="finetune", disable=not progress or rank != 0,
                dynamic_ncols=True, mininterval=2.0)
     for step in range(p.start, run.total_steps):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,15 +216,27 @@ def _check_mapping_vocab(cfg: DrafterConfig, mapping: Mapping) -> None:
 
 def _check_counts_and_out(cfg: DrafterConfig, source_counts: TokenCounts | None, src_path: Path, out: Path,
                           force: bool) -> None:
-    """Refuse counts of another vocab, and an output folder that is in use or is the source."""
+    """Refuse counts of another vocab, and an output folder that is in use, holds or is inside the source,
+    or (with ``force``) is anything but a drafter folder: ``--force`` replaces a drafter, nothing else."""
     if source_counts is not None and source_counts.vocab_size != cfg.vocab_size:
         raise Incompatible("source counts are for another vocab", where="--source-counts",
                            expected=str(cfg.vocab_size), found=str(source_counts.vocab_size))
-    if out.exists() and any(out.iterdir()) and not force:
-        raise BadInput("output folder exists and is not empty", where=str(out), expected="a new folder",
-                       found="existing files", fix="choose another --out or pass --force")
-    if out.resolve() == src_path.resolve():
-        raise BadInput("output folder is the source drafter", where=str(out), expected="another folder")
+    src, dst = src_path.resolve(), out.resolve()
+    if dst == src or dst in src.parents or src in dst.parents:
+        raise BadInput("output folder is, holds or is inside the source drafter", where=f"--out {out}",
+                       expected="a folder apart from the source", found=f"source {src_path}",
+                       fix="choose an --out outside the source drafter (replacing it would delete the source)")
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise BadInput("output is not a folder", where=f"--out {out}", expected="a new folder",
+                       found="a link" if out.is_symlink() else "a file", fix="choose another --out")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise BadInput("output folder exists and is not empty", where=str(out), expected="a new folder",
+                           found="existing files", fix="choose another --out or pass --force")
+        if not (out / CONFIG_FILE).is_file() or any(p.is_dir() or p.is_symlink() for p in out.iterdir()):
+            raise BadInput("--force replaces a drafter folder only", where=f"--out {out}",
+                           expected="a drafter folder (config.json and weight files, no subfolders)",
+                           found="other files", fix="choose a new --out; nothing was deleted")
 
 
 def _init_method(init: str | None, target_rows: torch.Tensor | None) -> str:
@@ -244,15 +257,14 @@ def _moved_tensors(tensors: dict, fmt: str, new_head: torch.Tensor, mapping: Map
 
 
 def _write_folder(out: Path, tensors: dict, config_doc: dict) -> None:
-    """Write the drafter into a temporary sibling, then rename it to ``out``: the folder appears whole."""
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    """Write the drafter into a new temporary sibling, then rename it to ``out``: the folder appears whole."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         atomic_save_safetensors(tmp / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
         atomic_write_json(tmp / CONFIG_FILE, config_doc)
-        if out.exists():
-            shutil.rmtree(out)
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)  # a drafter folder (checked before anything was written)
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

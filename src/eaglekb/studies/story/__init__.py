@@ -45,7 +45,13 @@ from eaglekb.studies.story.config import (
     StoryConfig,
 )
 from eaglekb.studies.story.document import load
-from eaglekb.studies.story.drafters import export_drafters, export_from_work, fit_budget, unpack_drafters
+from eaglekb.studies.story.drafters import (
+    check_drafters,
+    export_drafters,
+    export_from_work,
+    fit_budget,
+    unpack_drafters,
+)
 from eaglekb.studies.story.pipeline import run, verdicts
 from eaglekb.studies.story.prompt_sets import read_prompts, write_prompts
 from eaglekb.studies.story.record import baseline_specs, retrained_noise, verdict_noise
@@ -53,7 +59,7 @@ from eaglekb.studies.story.tiny import make_tiny, tiny_chat_tokenizer
 
 __all__ = [
     "A_CORPORA", "ARMS", "B_CORPORA", "DRAFTERS_TAR", "EVAL_SET", "EXPORT_FILE", "MAIN_RUNS", "MAPPING_NOISE",
-    "PART_BYTES", "STORY_FILE", "TINY", "StoryConfig", "baseline_specs", "export_drafters", "export_from_work",
-    "fit_budget", "load", "make_tiny", "read_prompts", "retrained_noise", "run", "tiny_chat_tokenizer",
+    "PART_BYTES", "STORY_FILE", "TINY", "StoryConfig", "baseline_specs", "check_drafters", "export_drafters",
+    "export_from_work", "fit_budget", "load", "make_tiny", "read_prompts", "retrained_noise", "run", "tiny_chat_tokenizer",
     "unpack_drafters", "verdict_noise", "verdicts", "write_prompts",
 ]

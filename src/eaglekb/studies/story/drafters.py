@@ -3,7 +3,11 @@
 Owns the export format (``drafters.tar.partNN``: an uncompressed tar of ``NAME/file``, cut into pieces that fit
 one device transfer, with a manifest of the tar's and each file's SHA-256 in story.json's ``drafters_export``
 or in ``drafters-export.json``), the budget that picks which drafters fit, and the unpacking that refuses a
-corrupt, missing or substituted piece. Knows nothing about how the drafters were trained.
+corrupt, missing or substituted piece. The manifest and the tar come from another machine: every drafter
+name, piece name and member path is checked to stay inside its folder (one plain name, no ``..``, no
+link), nothing is written before every hash matched (``check_drafters`` verifies without writing), and an
+unpack replaces only ``DEST/NAME`` folders of the drafters it brings. Knows nothing about how the drafters
+were trained.
 """
 
 from __future__ import annotations
@@ -11,12 +15,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from eaglekb.io.errors import IntegrityError, MissingFile
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 from eaglekb.io.files import atomic_write_bytes, atomic_write_json, read_json
 from eaglekb.models.convert import sha256_files
 from eaglekb.studies.story.config import DRAFTERS_TAR, EXPORT_FILE, PART_BYTES
@@ -81,18 +87,53 @@ def export_from_work(work: str | Path, names: list[str], out: str | Path) -> dic
     return doc
 
 
+#: A drafter name or a piece name from a manifest: one plain file name (no folder, no ``..``, no dot first).
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
+
+def _plain(name: Any, what: str, where: Path) -> str:
+    if not isinstance(name, str) or not _PLAIN.fullmatch(name) or ".." in name:
+        raise IntegrityError(f"unsafe {what} in the drafters manifest", where=str(where),
+                             expected="a plain name (letters, digits, . _ -; no folder, no ..)", found=repr(name)[:120])
+    return name
+
+
+def _checked_manifest(exp: Any, where: Path) -> dict[str, Any]:
+    """The manifest's shape, and every name in it a plain name (it comes from another machine)."""
+    ok = (isinstance(exp, dict) and isinstance(exp.get("parts"), list) and isinstance(exp.get("sha256"), str)
+          and isinstance(exp.get("drafters"), dict) and all(isinstance(h, dict) for h in exp["drafters"].values()))
+    if not ok:
+        raise IntegrityError("drafters manifest is malformed", where=str(where),
+                             expected='{"parts": [...], "sha256": "...", "drafters": {NAME: {FILE: SHA256}}}',
+                             found=type(exp).__name__)
+    for part in exp["parts"]:
+        _plain(part, "piece name", where)
+    for name, hashes in exp["drafters"].items():
+        _plain(name, "drafter name", where)
+        if not hashes:
+            raise IntegrityError("drafter without files in the drafters manifest", where=f"{where}: {name}",
+                                 expected="{FILE: SHA256} of its config and weights", found="no files")
+        for rel in hashes:
+            parts = Path(str(rel)).parts
+            if not parts or str(rel).startswith("/") or any(p in ("..", ".") for p in parts):
+                raise IntegrityError("unsafe file name in the drafters manifest", where=f"{where}: {name}",
+                                     expected="a relative path inside the drafter", found=repr(rel)[:120])
+    return exp
+
+
 def _export_manifest(run_dir: Path, pieces: Path) -> dict[str, Any]:
     """The export's manifest (``drafters-export.json`` in ``pieces``, else story.json's), checked against
     the file hashes the run recorded when it trained each drafter."""
     doc = load(run_dir)
-    exp = doc.get("drafters_export")
+    exp, where = doc.get("drafters_export"), run_dir / "story.json"
     if (pieces / EXPORT_FILE).is_file():
-        exp = read_json(pieces / EXPORT_FILE, what="drafters export manifest")
+        exp, where = read_json(pieces / EXPORT_FILE, what="drafters export manifest"), pieces / EXPORT_FILE
     if not exp:
         raise MissingFile("no exported drafters", where=str(pieces),
                           expected=f"story.json's drafters_export or {EXPORT_FILE}", found="neither")
+    exp = _checked_manifest(exp, where)
     for name, hashes in exp["drafters"].items():
-        trained = (doc.get("runs", {}).get(name) or {}).get("drafter_files")
+        trained = ((doc.get("runs") or {}).get(name) or {}).get("drafter_files")
         if trained is not None and trained != hashes:
             raise IntegrityError("exported drafter is not the one the run trained", where=name,
                                  expected="the file hashes recorded in story.json", found="different hashes")
@@ -113,22 +154,46 @@ def _joined(exp: dict[str, Any], pieces: Path) -> bytes:
     return data
 
 
-def _extract(data: bytes, exp: dict[str, Any], staging: Path) -> None:
-    """Plain files under an exported NAME/ only (no links, absolute or parent paths), then every hash checked."""
+def _members(data: bytes, exp: dict[str, Any]) -> dict[str, bytes]:
+    """The tar's files by ``NAME/file``, read into memory: plain files under an exported NAME/ only (no
+    links, absolute or parent paths), and every drafter's files exactly the hashed ones."""
+    files: dict[str, bytes] = {}
     with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
         for m in tar.getmembers():
             parts = Path(m.name).parts
-            if not m.isfile() or m.name.startswith("/") or ".." in parts or parts[0] not in exp["drafters"]:
+            if (not m.isfile() or m.name.startswith("/") or not parts or any(p in ("..", ".") for p in parts)
+                    or len(parts) < 2 or parts[0] not in exp["drafters"]):
                 raise IntegrityError("unexpected entry in drafters tar", where=m.name,
                                      expected="NAME/file of an exported drafter", found=m.name)
-            target = staging / m.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(m) as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            with tar.extractfile(m) as src:
+                files[Path(m.name).as_posix()] = src.read()
     for name, hashes in exp["drafters"].items():
-        if file_hashes(staging / name) != hashes:
+        got = {k[len(name) + 1:]: hashlib.sha256(v).hexdigest() for k, v in files.items()
+               if k.startswith(name + "/")}
+        if got != hashes:
             raise IntegrityError("extracted drafter differs from the exported one", where=name,
                                  expected="the sha256 of each file in story.json", found="different hashes")
+    return files
+
+
+def check_drafters(run_dir: str | Path, pieces: str | Path | None = None) -> list[str]:
+    """Everything ``unpack_drafters`` checks (manifest, names, pieces, hashes), writing nothing: the names."""
+    run_dir = Path(run_dir)
+    exp = _export_manifest(run_dir, Path(pieces) if pieces else run_dir)
+    _members(_joined(exp, Path(pieces) if pieces else run_dir), exp)
+    return list(exp["drafters"])
+
+
+def _replaceable(folder: Path) -> None:
+    """An existing ``DEST/NAME`` is replaced only when it is a plain folder of files (a drafter), not a link."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise BadInput("will not replace a link or a file with a drafter", where=str(folder),
+                       expected="a drafter folder or nothing", found="a link" if folder.is_symlink() else "a file",
+                       fix="remove it or choose another --drafters folder")
+    if folder.is_dir() and any(p.is_dir() and not p.is_symlink() for p in folder.iterdir()):
+        raise BadInput("will not replace a folder that holds folders", where=str(folder),
+                       expected="a drafter folder (config.json and weights)", found="subfolders",
+                       fix="remove it or choose another --drafters folder")
 
 
 def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | None = None) -> dict[str, Path]:
@@ -136,22 +201,26 @@ def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | 
 
     The pieces and their manifest are the run's own export (``story.json``'s ``drafters_export``) or, in
     ``pieces`` (default: the run folder), a later ``export_from_work`` (``drafters-export.json``). Each
-    drafter must also match the file hashes the run recorded when it trained it.
+    drafter must also match the file hashes the run recorded when it trained it. Nothing is written
+    before every check passed; each drafter is written to a new temporary folder inside ``dest`` and
+    renamed into place.
     """
     run_dir, dest = Path(run_dir), Path(dest)
     pieces = Path(pieces) if pieces else run_dir
     exp = _export_manifest(run_dir, pieces)
-    data = _joined(exp, pieces)
-    staging = dest.parent / f".{dest.name}.tmp"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    files = _members(_joined(exp, pieces), exp)
+    for name in exp["drafters"]:
+        _replaceable(dest / name)
+    dest.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest))
     try:
-        _extract(data, exp, staging)
-        dest.mkdir(parents=True, exist_ok=True)
+        for rel, blob in files.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(blob)
         out = {}
         for name in exp["drafters"]:
-            if (dest / name).exists():
+            if (dest / name).is_dir():
                 shutil.rmtree(dest / name)
             os.replace(staging / name, dest / name)
             out[name] = dest / name

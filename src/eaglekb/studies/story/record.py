@@ -13,6 +13,7 @@ from typing import Any
 
 from eaglekb import __version__, training
 from eaglekb.data import datagen
+from eaglekb.io.errors import SchemaError
 from eaglekb.io.files import flatten
 from eaglekb.measure import probe
 from eaglekb.measure.provenance import from_device_env
@@ -94,6 +95,14 @@ def baseline_specs(run_dir: str | Path, *, prefix: str, command: str, commit: st
     or written here): datagen per domain, the mapping comparison, each drafter's training and probe, verdicts.
     """
     doc = load(run_dir)
+    try:
+        return _specs(doc, prefix, command, commit)
+    except (KeyError, TypeError, AttributeError, IndexError) as exc:  # a story.json from elsewhere, incomplete
+        raise SchemaError("story document lacks what a finished run records", where=f"{run_dir}/story.json",
+                          expected="the fields story.run writes", found=f"{type(exc).__name__}: {exc}"[:200]) from None
+
+
+def _specs(doc: dict, prefix: str, command: str, commit: str | None) -> list[dict[str, Any]]:
     common = dict(provenance=_provenance(doc, command, commit), created_at=doc["env"].get("time"))
     out = []
     for dom, d in sorted(doc.get("datagen", {}).items()):

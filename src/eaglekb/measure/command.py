@@ -1,0 +1,106 @@
+"""The command of a result as a user types it, for provenance.
+
+Owns: turning a process's argv into the command a reader can run again (``typed_command``):
+``invoke`` rather than the path of invoke's ``__main__.py`` inside site-packages, paths under the
+repository written relative to its root, and the cache folder of an embedded model written as the
+model's name (``smollm2-135m``, not ``/tmp/eaglekb-cache/models/smollm2-135m``); and saying which
+arguments of a command another machine cannot resolve (``unportable_paths``: absolute paths
+outside the repository, /tmp paths). Knows nothing about baselines files or the task runner.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from eaglekb.models import sources
+
+#: Folders whose content is gone after a reboot or on another machine.
+TEMP_ROOTS = tuple(dict.fromkeys(("/tmp", "/var/tmp", "/dev/shm", tempfile.gettempdir())))
+
+
+def _program(arg0: str) -> str:
+    """``invoke`` for invoke's own entry points (the console script, ``python -m invoke``)."""
+    posix = arg0.replace("\\", "/")
+    if Path(posix).name in ("invoke", "inv") or posix.endswith("invoke/__main__.py"):
+        return "invoke"
+    return arg0
+
+
+def _under(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def _embedded_name(path: Path) -> str | None:
+    """The embedded model whose cache folder PATH is, or None."""
+    for name in sources.SOURCES:
+        try:
+            if path == sources.model_dir(name).resolve():
+                return name
+        except OSError:
+            continue
+    return None
+
+
+def _typed_value(value: str, root: Path, cwd: Path) -> str:
+    if not value or value.startswith("-") or "://" in value:
+        return value
+    raw = Path(value).expanduser()
+    if not raw.is_absolute():
+        if cwd == root or not (cwd / raw).exists():
+            return value
+        raw = cwd / raw  # typed relative to a sub-folder: write it relative to the root
+    try:
+        path = raw.resolve()
+    except OSError:
+        return value
+    name = _embedded_name(path)
+    if name:
+        return name
+    if _under(path, root):
+        rel = os.path.relpath(path, root)
+        return rel + ("/" if value.endswith("/") and rel != "." else "")
+    return value
+
+
+def typed_command(argv: Sequence[str], *, root: Path, cwd: Path | None = None) -> str:
+    """The command as a user types it: ``invoke TASK --opts`` with repo-relative paths and model names."""
+    args = list(argv)
+    if not args:
+        return "invoke"
+    root = Path(root).resolve()
+    cwd = Path(cwd or Path.cwd()).resolve()
+    out = [_program(args[0])]
+    for arg in args[1:]:
+        if arg.startswith("--") and "=" in arg:
+            option, _, value = arg.partition("=")
+            out.append(f"{option}={_typed_value(value, root, cwd)}")
+        else:
+            out.append(_typed_value(arg, root, cwd))
+    return shlex.join(out)
+
+
+def unportable_paths(command: str) -> list[str]:
+    """Arguments of COMMAND that name a path another machine cannot resolve, each with the reason."""
+    try:
+        args = shlex.split(command)
+    except ValueError:
+        return [f"{command!r}: not a shell command (unbalanced quotes)"]
+    found = []
+    for arg in args[1:]:
+        value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
+        if not value.startswith(("/", "~")):
+            continue
+        path = os.path.expanduser(value)
+        if any(path == t or path.startswith(t.rstrip("/") + "/") for t in TEMP_ROOTS):
+            found.append(f"{value}: a temporary path (gone after a reboot, absent on another machine)")
+        else:
+            found.append(f"{value}: an absolute path outside the repository")
+    return found
