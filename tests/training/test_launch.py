@@ -82,3 +82,15 @@ def test_invoke_datagen_and_finetune_smoke(data, tmp_path):
     bad = _invoke("finetune", "--data", str(tmp_path / "nowhere"))
     lines = bad.stderr.strip().splitlines()
     assert bad.returncode != 0 and len(lines) == 1 and "dataset folder not found" in lines[0]
+
+
+@pytest.mark.slow
+def test_invoke_finetune_two_processes_length_batching_online(data, tmp_path):
+    """The GPU recipe's shape on CPU: torchrun with two gloo processes, length batching, online features."""
+    out = _invoke("finetune", "--data", str(data / "online"), "--online-target", str(data / "target"),
+                  "--out", str(tmp_path / "run"), "--steps", "3", "--batch-size", "4", "--batching", "length",
+                  "--draft-vocab-size", "40", "--intermediate-size", "48", "--ttt-steps", "2", "--nproc", "2",
+                  "--val-fraction", "0.25", "--save-every", "2", "--device", "cpu", "--json")
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["step"] == 3 and doc["throughput"]["tok_s"] > 0
