@@ -55,3 +55,6 @@ def test_bad_sampling_settings_are_one_line(target_dir, tmp_path):
         datagen.build(target_dir, prompts(2), tmp_path / "y", small_cfg(sample_temperatures=(0.7,)))
     with pytest.raises(BadInput):
         generate_dataset(target_dir, prompts(2), tmp_path / "z", _cfg(), nproc=0)
+    with pytest.raises(BadInput, match="time budget stops one process only"):
+        generate_dataset(target_dir, prompts(2), tmp_path / "b", _cfg(), nproc=2, time_budget_s=60)
+    assert not (tmp_path / "b").exists()

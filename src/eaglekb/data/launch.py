@@ -172,6 +172,10 @@ def generate_dataset(target_path: str | Path, prompts, out: str | Path, cfg: Dat
     if server or device_map:
         raise BadInput("several processes regenerate locally only", where="--nproc",
                        expected="--nproc 1 with --server or --device-map", found=str(nproc))
+    if time_budget_s is not None:
+        raise BadInput("a time budget stops one process only", where="--time-budget-s",
+                       expected="--nproc 1, or no budget (size the run with --per-source)",
+                       found=f"--nproc {nproc}")
     return launch(target_path, prompts, out, cfg, nproc=nproc, device=device, progress=progress)
 
 
