@@ -80,8 +80,7 @@ class Batches:
             span = self.bs * self.GROUP
             seqs = [i for w in range(0, len(seqs), span)
                     for i in sorted(seqs[w:w + span], key=lambda i: (self.lengths[i], i))]
-        plan = [seqs[j * self.bs:(j + 1) * self.bs] for j in range(self.per_epoch)]
-        plan = [b or seqs[: self.bs] for b in plan]
+        plan = [seqs[j * self.bs:(j + 1) * self.bs] for j in range(self.per_epoch)]  # per_epoch = len // bs: none empty
         if self.lengths is not None:
             perm = torch.randperm(len(plan), generator=g).tolist()
             plan = [plan[i] for i in perm]
