@@ -24,6 +24,7 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, t
         "graphs": "CUDA graphs: auto (on with CUDA), on, off, both (also time eager vs graphed)",
         "peers": "comma list of hf_generate, hf_prompt_lookup, hf_static_compile ('' for none)",
         "compile": "inductor-compiled layers inside the CUDA graphs: auto (on with graphs), on, off",
+        "fused": "greedy chains as one draft and one verify program per cycle: auto (on with graphs), on, off",
         "profile": "CUDA: kernels per decode, verify and draft step (count, time by kind, top kernels)",
         "cpu_step_threads": "CPU: threads for the engine's decode, draft and verify steps (default 1; 0 = torch's)",
         "json": "print one JSON document as the last line",
@@ -34,7 +35,7 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, t
 def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
-          compile="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1):
+          compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -47,7 +48,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
                                   parse_int(draft_tokens, "--draft-tokens")),
             repeats=parse_int(repeats, "--repeats"), warmup=parse_int(warmup, "--warmup"), device=device, dtype=dtype,
             graphs=graphs, peers=[p.strip() for p in str(peers).split(",") if p.strip()],
-            compile=str(compile), profile=bool(profile),
+            compile=str(compile), fused=str(fused), profile=bool(profile),
             cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"),
         )
         report = lib.run(cfg, progress=not json)

@@ -33,6 +33,11 @@ def test_compiled_graphed_engine_is_exact_float32(kind):
     assert fast.compiled and fast.generate(prompt, 40).tokens == want
     for spec in (SpecConfig(steps=3), SpecConfig(steps=1), SpecConfig(steps=4, topk=2, draft_tokens=8)):
         assert fast.speculative(prompt, 40, spec).tokens == want
+    assert fast.fused and sorted(fast._fused) == [1, 3]  # greedy chains ran as fused cycles
+    unfused = Engine(tm, dm, max_len=96, graphs=True, fused=False)
+    for steps in (2, 5):
+        a, b = fast.speculative(prompt, 40, SpecConfig(steps=steps)), unfused.speculative(prompt, 40, SpecConfig(steps=steps))
+        assert a.tokens == b.tokens == want and a.accept_lens == b.accept_lens
 
 
 def test_graphed_uncompiled_and_eager_widths_agree():

@@ -42,6 +42,19 @@ def test_bench_run_on_tiny_target(tiny_pair):  # noqa: F811
     assert "tok/s" in bench.render_text(r)
 
 
+def test_bench_fused_chain_on_cpu_same_acceptance(tiny_pair):  # noqa: F811
+    target, drafter = tiny_pair
+    runs = {}
+    for fused in ("off", "on"):
+        cfg = bench.BenchConfig(target=str(target), drafter=str(drafter), prompts="builtin", num_prompts=1,
+                                max_new_tokens=12, sweep=[(3, 1, None)], repeats=1, warmup=0, peers=[], fused=fused)
+        runs[fused] = bench.run(cfg, progress=False)
+    assert runs["on"].config["fused_chain_main"] and not runs["off"].config["fused_chain_main"]
+    assert runs["on"].metrics["spec_s3_k1_n4"]["accept_len"] == runs["off"].metrics["spec_s3_k1_n4"]["accept_len"]
+    with pytest.raises(BadInput, match="fused"):
+        bench.run(bench.BenchConfig(target=str(target), drafter=str(drafter), fused="maybe"), progress=False)
+
+
 def test_bench_runbook_bad_input_is_one_line(tiny_pair):  # noqa: F811
     target, drafter = tiny_pair
     out = subprocess.run([sys.executable, "-m", "invoke", "bench", "--target", str(target), "--drafter",

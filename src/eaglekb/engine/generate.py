@@ -29,6 +29,7 @@ from eaglekb.engine import verify as V
 from eaglekb.engine.cuda_graphs import Graphed
 from eaglekb.engine.loop import DecodeLoop
 from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
+from eaglekb.engine.fused import FusedChain
 from eaglekb.engine.kv import causal_rows, mask_width, tree_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
@@ -100,7 +101,7 @@ class Engine:
 
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
                  graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0,
-                 step_threads: int | None = CPU_STEP_THREADS):
+                 step_threads: int | None = CPU_STEP_THREADS, fused: bool | None = None):
         self.target, self.drafter = target, drafter
         self.step_threads = step_threads
         self.device = target.device
@@ -111,6 +112,9 @@ class Engine:
         self.graphs = bool(graphs) and self.device.type == "cuda"
         # inductor-compiled layers inside the graphs (fixed shapes only); default: on with graphs
         self.compiled = self.graphs if compile is None else bool(compile)
+        # greedy chains as two device programs per cycle (``FusedChain``); default: on with graphs
+        self.fused = self.graphs if fused is None else bool(fused)
+        self._fused: dict[int, FusedChain] = {}
         if self.compiled:
             target.compile()
             if drafter is not None:
@@ -154,6 +158,7 @@ class Engine:
     @property
     def capture_s(self) -> float:
         total = self._target_step.capture_s + (self._loop.capture_s if self._loop is not None else 0.0)
+        total += sum(f.capture_s for f in self._fused.values())
         return total + (self._draft_step.capture_s if self.drafter is not None else 0.0)
 
     # ------------------------------------------------------------------ checks
@@ -334,9 +339,17 @@ class Engine:
         seq = ids[0].tolist() + [first]
         result = GenResult(tokens=[first], prompt_len=n, accepted_per_depth=[0] * cfg.steps)
         pending, start = aux[0], 0
+        fused = None
+        if self.fused and cfg.topk == 1 and cfg.temperature <= 0:
+            if cfg.steps not in self._fused:
+                self._fused[cfg.steps] = FusedChain(self, cfg.steps)
+            fused = self._fused[cfg.steps]
         with self._steps():
             while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
-                pending, start = self._cycle(seq, result, pending, start, cfg, timer)
+                if fused is not None and fused.fits(seq, start):
+                    pending, start = fused.cycle(seq, result, pending, start, timer)
+                else:
+                    pending, start = self._cycle(seq, result, pending, start, cfg, timer)
         timer.stop()
         toks = result.tokens[:max_new_tokens]
         for i, t in enumerate(toks):

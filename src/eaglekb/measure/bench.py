@@ -61,6 +61,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     seed: int = 0
     compile: str = "auto"  # auto: inductor-compiled layers inside the CUDA graphs; on; off
+    fused: str = "auto"  # greedy chains as one draft and one verify program per cycle: auto (on with graphs); on; off
     profile: bool = False  # CUDA: kernels per decode / verify / draft step (torch.profiler)
     cpu_step_threads: int = 1  # CPU: threads for the engine's decode / draft / verify steps (0: torch's setting)
 
@@ -181,6 +182,8 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
         raise BadInput("thread count must be >= 0", where="--cpu-step-threads", found=str(cfg.cpu_step_threads))
     if cfg.compile not in ("auto", "on", "off"):
         raise BadInput("unknown compile mode", where="--compile", expected="auto, on or off", found=repr(cfg.compile))
+    if cfg.fused not in ("auto", "on", "off"):
+        raise BadInput("unknown fused mode", where="--fused", expected="auto, on or off", found=repr(cfg.fused))
     specs = cfg.specs()
     unknown = [p for p in cfg.peers if p not in PEERS]
     if unknown:
@@ -192,6 +195,10 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
 
 def _compile_flag(cfg: BenchConfig) -> bool | None:
     return None if cfg.compile == "auto" else cfg.compile == "on"
+
+
+def _fused_flag(cfg: BenchConfig) -> bool | None:
+    return None if cfg.fused == "auto" else cfg.fused == "on"
 
 
 def _warm_up(cfg: BenchConfig, methods: list[Method], prompt: list[int], failures: dict) -> None:
@@ -297,7 +304,7 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     nodes = max((s.nodes for s in specs), default=0)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 4, limit=loaded.target.max_len)
     engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_compile_flag(cfg),
-                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None)
+                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_fused_flag(cfg))
     for p in prompts:
         engine.check_fits(len(p), cfg.max_new_tokens, nodes)
     failures: dict[str, str] = {}
@@ -316,6 +323,7 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
     config["graphs_main"] = graphed
     config["compiled_main"] = engine.compiled
+    config["fused_chain_main"] = engine.fused
     config["cpu_step_threads"] = engine.step_threads if engine.device.type == "cpu" else None
     config["torch_threads"] = torch.get_num_threads()
     config["max_len"] = max_len
@@ -324,11 +332,15 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
 
 
 def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len: int, cfg: BenchConfig) -> dict:
-    """Per-step times of the plain decode and the speculative cycle, eager versus CUDA-graphed."""
+    """Per-step times of the plain decode and the speculative cycle: eager, CUDA-graphed named steps
+    (``graphed``) and, for a greedy chain, the graphed fused cycle (``fused``, the engine's default)."""
     out: dict[str, Any] = {}
-    for mode, flag in (("eager", False), ("graphed", True)):
+    modes = [("eager", False, False), ("graphed", True, False)]
+    if spec is not None and spec.topk == 1 and spec.temperature <= 0:
+        modes.append(("fused", True, True))
+    for mode, flag, fused in modes:
         eng = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=flag,
-                     compile=_compile_flag(cfg) if flag else False, seed=cfg.seed)
+                     compile=_compile_flag(cfg) if flag else False, seed=cfg.seed, fused=fused)
         for _ in range(2):  # warm-up and capture
             eng.generate(prompt, 16)
             if spec is not None:
@@ -364,8 +376,9 @@ def render_text(r: BenchReport) -> str:
         lines.append(line)
     if "graphs" in r.metrics:
         g = r.metrics["graphs"]
-        for mode in ("eager", "graphed"):
-            lines.append(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in g[mode].items()))
+        for mode in ("eager", "graphed", "fused"):
+            if mode in g:
+                lines.append(f"  {mode}: " + ", ".join(f"{k} {v:.3f}" for k, v in g[mode].items()))
     for step, p in r.metrics.get("profile", {}).items():
         kinds = ", ".join(f"{k[:-3]} {v:.3f}" for k, v in p["by_kind"].items())
         lines.append(f"  profile {step}: {p['kernels_count']:.0f} kernels, {p['kernel_ms']:.3f} ms in kernels, "
