@@ -25,7 +25,7 @@ import torch
 from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV, mask_width, write_slots
-from eaglekb.engine.model import TargetModel
+from eaglekb.engine.model import TargetModel, compile_fixed
 from eaglekb.formats.mapping import check_mapping
 from eaglekb.io.errors import Incompatible
 from eaglekb.models.layers import apply_rope, attend, inv_freq, rms_norm, rope_cos_sin, swiglu_fused
@@ -111,7 +111,7 @@ class DraftModel:
     def compile(self) -> None:
         """Compile the drafter layer with inductor for the fixed-shape steps (idempotent)."""
         if self._compiled is None:
-            self._compiled = torch.compile(draft_layer, dynamic=False, fullgraph=True)
+            self._compiled = compile_fixed(draft_layer)
 
     def new_cache(self, max_len: int) -> StaticKV:
         return StaticKV(1, self.n_kv, self.head_dim, max_len, dtype=self.dtype, device=self.device)

@@ -283,11 +283,13 @@ class Engine:
     # ------------------------------------------------------------------ loops
 
     def _cycle(self, seq: list[int], result: GenResult, pending: torch.Tensor, start: int, cfg: SpecConfig,
-               timer: PhaseTimer) -> tuple[torch.Tensor, int]:
-        """One draft -> verify -> accept -> commit cycle; extends ``seq`` and ``result``; returns the next pending."""
+               timer: PhaseTimer, extended=None) -> tuple[torch.Tensor, int]:
+        """One draft -> verify -> accept -> commit cycle; extends ``seq`` and ``result``; returns the next pending.
+
+        ``extended``: the drafter's output over the pending positions when already run (the prompt's, in prefill)."""
         m = len(seq)
         timer.mark("draft")
-        d_logits, d_hidden = self.draft_extend(seq[start + 1:m], pending, start)
+        d_logits, d_hidden = extended or self.draft_extend(seq[start + 1:m], pending, start)
         tree = self.draft(d_logits[0, -1].clone(), d_hidden[0, -1].clone(), m, cfg)
         timer.mark("verify")
         v_logits, v_aux = self.verify(seq[-1], tree, m)
@@ -338,6 +340,9 @@ class Engine:
         first = self._pick(logits[0, -1], cfg.temperature)
         seq = ids[0].tolist() + [first]
         result = GenResult(tokens=[first], prompt_len=n, accepted_per_depth=[0] * cfg.steps)
+        # the drafter over the prompt belongs to prefill (SGLang's draft extend after the target's prefill): a new
+        # prompt length is a new eager shape, whose one-off cost would otherwise land in the first cycle's draft
+        extended = self.draft_extend(seq[1:], aux[0], 0)
         pending, start = aux[0], 0
         fused = None
         if self.fused and cfg.topk == 1 and cfg.temperature <= 0:
@@ -349,7 +354,8 @@ class Engine:
                 if fused is not None and fused.fits(seq, start):
                     pending, start = fused.cycle(seq, result, pending, start, timer)
                 else:
-                    pending, start = self._cycle(seq, result, pending, start, cfg, timer)
+                    pending, start = self._cycle(seq, result, pending, start, cfg, timer, extended)
+                extended = None
         timer.stop()
         toks = result.tokens[:max_new_tokens]
         for i, t in enumerate(toks):

@@ -81,6 +81,21 @@ class LayerWeights:
                    torch.cat([m.gate_proj.weight.detach(), m.up_proj.weight.detach()]), m.down_proj.weight.detach())
 
 
+#: Fixed-shape compiles a process may hold per layer function: row buckets (1..64) times models and
+#: dtypes loaded in one process (tests load several); dynamo's default of 8 made a second model fail.
+RECOMPILE_LIMIT = 64
+
+
+def compile_fixed(fn):
+    """``torch.compile`` for one fixed-shape layer function, with room for every shape the engine runs."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, name, max(getattr(cfg, name), RECOMPILE_LIMIT))
+    return torch.compile(fn, dynamic=False, fullgraph=True)
+
+
 class TargetModel:
     """A Llama/Qwen2 causal LM as plain tensors plus the capture points EAGLE-3 reads."""
 
@@ -113,7 +128,7 @@ class TargetModel:
     def compile(self) -> None:
         """Compile one decoder layer with inductor for the fixed-shape steps (idempotent)."""
         if self._compiled is None:
-            self._compiled = torch.compile(decoder_layer, dynamic=False, fullgraph=True)
+            self._compiled = compile_fixed(decoder_layer)
 
     def new_cache(self, max_len: int | None = None, batch: int = 1) -> StaticKV:
         return StaticKV(self.n_layers, self.n_kv, self.head_dim, max_len or self.max_len,
