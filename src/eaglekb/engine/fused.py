@@ -49,10 +49,6 @@ class FusedChain:
     def capture_s(self) -> float:
         return self.draft.capture_s + self.verify.capture_s
 
-    def fits(self, seq: list[int], start: int) -> bool:
-        """True when the drafter's pending positions fit the fixed extend rows (every cycle but the first)."""
-        return len(seq) - 1 - start <= self.rows
-
     # ------------------------------------------------------------------ device programs
 
     def _draft(self, meta: torch.Tensor, aux: torch.Tensor):
@@ -90,15 +86,16 @@ class FusedChain:
     # ------------------------------------------------------------------ the cycle
 
     def cycle(self, seq: list[int], result, pending: torch.Tensor, start: int, timer) -> tuple[torch.Tensor, int]:
-        """``Engine._cycle`` for a greedy chain: extends ``seq`` and ``result``; returns the next pending aux."""
+        """``Engine._cycle`` for a greedy chain after the first cycle (the pending positions, accepted tokens +
+        bonus, then number at most ``steps + 1 <= rows``): extends ``seq`` and ``result``; returns the next pending aux."""
         m, rows = len(seq), self.rows
         toks = seq[start + 1:m]
         n = len(toks)
         timer.mark("draft")
         self.host.numpy()[:] = [start, n, *toks, *toks[-1:] * (rows - n)]  # the last cycle's read synchronised
         self.meta.copy_(self.host, non_blocking=True)
-        if pending.shape[0] != rows:  # after the unfused first cycle: pad to the fixed rows
-            pending = torch.cat([pending[:rows], pending[-1:].expand(max(rows - pending.shape[0], 0), -1)])
+        if pending.shape[0] < rows:  # after the unfused first cycle (k + 1 <= rows aux rows): pad to the fixed rows
+            pending = torch.cat([pending, pending[-1:].expand(rows - pending.shape[0], -1)])
         vids, base = self.draft(self.meta, pending)
         timer.mark("verify")
         packed, aux = self.verify(vids, base)

@@ -351,7 +351,7 @@ class Engine:
             fused = self._fused[cfg.steps]
         with self._steps():
             while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
-                if fused is not None and fused.fits(seq, start):
+                if fused is not None and extended is None:  # the first cycle consumes the prompt's extend
                     pending, start = fused.cycle(seq, result, pending, start, timer)
                 else:
                     pending, start = self._cycle(seq, result, pending, start, cfg, timer, extended)

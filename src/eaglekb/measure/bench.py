@@ -180,10 +180,9 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
                        found=f"{cfg.repeats}/{cfg.warmup}")
     if cfg.cpu_step_threads < 0:
         raise BadInput("thread count must be >= 0", where="--cpu-step-threads", found=str(cfg.cpu_step_threads))
-    if cfg.compile not in ("auto", "on", "off"):
-        raise BadInput("unknown compile mode", where="--compile", expected="auto, on or off", found=repr(cfg.compile))
-    if cfg.fused not in ("auto", "on", "off"):
-        raise BadInput("unknown fused mode", where="--fused", expected="auto, on or off", found=repr(cfg.fused))
+    for option, mode in (("compile", cfg.compile), ("fused", cfg.fused)):
+        if mode not in ("auto", "on", "off"):
+            raise BadInput(f"unknown {option} mode", where=f"--{option}", expected="auto, on or off", found=repr(mode))
     specs = cfg.specs()
     unknown = [p for p in cfg.peers if p not in PEERS]
     if unknown:
@@ -193,12 +192,9 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
     return specs
 
 
-def _compile_flag(cfg: BenchConfig) -> bool | None:
-    return None if cfg.compile == "auto" else cfg.compile == "on"
-
-
-def _fused_flag(cfg: BenchConfig) -> bool | None:
-    return None if cfg.fused == "auto" else cfg.fused == "on"
+def _flag(mode: str) -> bool | None:
+    """An auto/on/off option as the engine takes it: None (auto), True or False."""
+    return None if mode == "auto" else mode == "on"
 
 
 def _warm_up(cfg: BenchConfig, methods: list[Method], prompt: list[int], failures: dict) -> None:
@@ -303,8 +299,8 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
     nodes = max((s.nodes for s in specs), default=0)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 4, limit=loaded.target.max_len)
-    engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_compile_flag(cfg),
-                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_fused_flag(cfg))
+    engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_flag(cfg.compile),
+                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_flag(cfg.fused))
     for p in prompts:
         engine.check_fits(len(p), cfg.max_new_tokens, nodes)
     failures: dict[str, str] = {}
@@ -340,7 +336,7 @@ def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len
         modes.append(("fused", True, True))
     for mode, flag, fused in modes:
         eng = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=flag,
-                     compile=_compile_flag(cfg) if flag else False, seed=cfg.seed, fused=fused)
+                     compile=_flag(cfg.compile) if flag else False, seed=cfg.seed, fused=fused)
         for _ in range(2):  # warm-up and capture
             eng.generate(prompt, 16)
             if spec is not None:
