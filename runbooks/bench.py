@@ -24,7 +24,8 @@ from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, t
         "graphs": "CUDA graphs: auto (on with CUDA), on, off, both (also time eager vs graphed)",
         "peers": "comma list of hf_generate, hf_prompt_lookup, hf_static_compile ('' for none)",
         "compile": "inductor-compiled layers inside the CUDA graphs: auto (on with graphs), on, off",
-        "fused": "greedy chains as one draft and one verify program per cycle: auto (on with graphs), on, off",
+        "fused": "greedy chains and trees as one draft and one verify program per cycle: auto (on with graphs), on, "
+                 "off",
         "profile": "CUDA: kernels per decode, verify and draft step (count, time by kind, top kernels)",
         "cpu_step_threads": "CPU: threads for the engine's decode, draft and verify steps (default 1; 0 = torch's)",
         "json": "print one JSON document as the last line",
@@ -61,41 +62,41 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
 
 @task(
     help={
-        "url": "a running SGLang server (python -m sglang.launch_server ... --speculative-algorithm EAGLE3)",
-        "prompts": "gsm8k-eval, humaneval, builtin, or a prompts file (sent as text)",
-        "num_prompts": "how many prompts (default 4)",
+        "url": "a running SGLang server (python -m sglang.launch_server ..., or invoke sglang.launch)",
+        "plain_url": "a plain server of the same model beside a speculative --url: both timed in the same run",
+        "prompts": "comma list of gsm8k-eval, humaneval, builtin or prompts files (default gsm8k-eval)",
+        "num_prompts": "prompts per set (default 4)",
         "max_new_tokens": "tokens per request, end-of-sequence ignored (default 128)",
         "repeats": "timed passes (default 3)",
+        "warmup": "untimed requests per method first (default 1)",
+        "target": "the served model (prompt tokens; --engine): embedded name or folder (default smollm2-135m)",
+        "engine": "also run our engine in this process on --device, with the server's drafter and config: "
+                  "tok/s side by side, accept-length and token parity",
+        "device": "with --engine: cuda[:N] (default cuda) or cpu",
+        "dtype": "with --engine: bfloat16 (default), float16 or float32 (match the server's --dtype)",
+        "concurrency": "comma list of simultaneous requests (e.g. 1,2,4,8,16,32,64) against --url and --plain-url",
         "json": "print one JSON document as the last line",
         "record": "write baselines/bench/NAME.json",
         "compare": "compare with baselines/bench/NAME.json",
     },
 )
-def sglang(c, url="http://127.0.0.1:30000", prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128, repeats=3,
-           json=False, record=None, compare=None):
-    """Benchmark a running SGLang server: tok/s and accept length from meta_info (single stream)."""
+def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
+           repeats=3, warmup=1, target="smollm2-135m", engine=False, device="cuda", dtype="bfloat16",
+           concurrency="", json=False, record=None, compare=None):
+    """Benchmark SGLang servers at batch 1 (and concurrency levels), optionally beside our engine, with parity."""
     with cli_errors():
-        from eaglekb.data.prompts import eval_prompts
-        from eaglekb.measure.sglang import bench as bench_server
-        from eaglekb.models.server import SGLangClient
+        from eaglekb.measure import sglang_bench as lib
 
-        pset = eval_prompts(prompts, parse_int(num_prompts, "--num-prompts"))
-        client = SGLangClient(url)
-        info = client.server_info()
-        res = bench_server(client, [p.text for p in pset.prompts], parse_int(max_new_tokens, "--max-new-tokens"),
-                           repeats=parse_int(repeats, "--repeats"))
-        spread = res.pop("spread")
-        config = {"backend": "sglang", "url": url, "prompts": prompts, "prompts_manifest": pset.manifest,
-                  "max_new_tokens": max_new_tokens, "server_info": {k: info.get(k) for k in (
-                      "model_path", "speculative_algorithm", "speculative_draft_model_path",
-                      "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "tp_size",
-                      "version") if isinstance(info, dict)}}
-        metrics = {"sglang": res}
-        doc = {"metrics": metrics, "config": config}
-        doc.update(finish(kind="bench", record=record, compare=compare, config=config, metrics=metrics,
-                          noise={"repeats": int(repeats), "spread_kind": "range",
-                                 "spread": {f"sglang.{k}": v for k, v in spread.items()}, "tolerance_rel": 0.25},
-                          summary=f"SGLang {res['median_tok_s']:.1f} tok/s"
-                          + (f", accept_len {res['accept_len']:.2f}" if "accept_len" in res else "")))
-    emit(doc, f"SGLang at {url}: {res['median_tok_s']:.1f} tok/s"
-         + (f", accept_len {res['accept_len']:.2f}" if "accept_len" in res else "") + finish_text(doc), json)
+        levels = [parse_int(v.strip(), "--concurrency", 1, 4096) for v in str(concurrency or "").split(",") if v.strip()]
+        sets = [p.strip() for p in str(prompts).split(",") if p.strip()]
+        cfg = lib.SGLangBenchConfig(url=url, plain_url=plain_url, prompts=sets, num_prompts=num_prompts,
+                                    max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, target=target,
+                                    engine=bool(engine), device=device, dtype=dtype, concurrency=levels)
+        report = lib.run(cfg, progress=not json)
+        config = dict(report.config, prompts_manifest=report.manifests)
+        doc = {"metrics": report.metrics, "config": config}
+        doc.update(finish(kind="bench", record=record, compare=compare, config=config, metrics=report.metrics,
+                          noise={"repeats": int(repeats), "spread_kind": "range", "spread": report.spread,
+                                 "tolerance_rel": 0.25},
+                          summary=report.summary))
+    emit(doc, report.summary + finish_text(doc), json)

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from eaglekb.io.errors import IntegrityError, MissingFile, SchemaError
 from eaglekb.io.files import atomic_save_safetensors, read_json, read_safetensors, safetensors_keys
+from eaglekb.io.pieces import sha256_file
 
 FORMAT = "eaglekb-eagle3-data"
 FORMAT_VERSION = 1
@@ -37,11 +38,6 @@ SEQUENCE_IDS = "sequence_ids"
 
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}.safetensors"
-
-
-def file_sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def read_manifest(folder: Path) -> dict | None:
@@ -74,7 +70,7 @@ def write_shard(path: Path, tensors: dict, meta: dict, *, sequence_ids: list[str
         "tokens": int(tensors["input_ids"].numel()),
         "loss_tokens": int(tensors["loss_mask"].sum()),
         "bytes": path.stat().st_size,
-        "sha256": file_sha256(path),
+        "sha256": sha256_file(path),
         **meta,
     }
 
@@ -158,7 +154,7 @@ def _check_shard(file: Path, entry: dict, verify: str) -> None:
     if size != entry["bytes"]:
         raise IntegrityError("shard size differs from the manifest (truncated or replaced)", where=str(file),
                              expected=f"{entry['bytes']} bytes", found=f"{size} bytes")
-    if verify == "sha256" and file_sha256(file) != entry["sha256"]:
+    if verify == "sha256" and sha256_file(file) != entry["sha256"]:
         raise IntegrityError("shard hash differs from the manifest", where=str(file),
                              expected=entry["sha256"][:16], found="another hash")
 

@@ -106,6 +106,17 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
     return load_drafter(folder, dtype="float32")
 
 
+def check_drafter_fits(target: str, drafter: str | None) -> Path:
+    """The target's folder, after checking (config only, no weights loaded) that the drafter fits it."""
+    from transformers import AutoConfig
+
+    path = sources.resolve(target, prepare_missing=False)
+    if drafter:
+        cfg = AutoConfig.from_pretrained(str(path))
+        check_shapes(read_drafter(drafter, target_config=cfg), int(cfg.hidden_size), int(cfg.vocab_size))
+    return path
+
+
 def load(target: str, drafter: str | None, *, reference: str | None = None, device: str = "cpu",
          dtype: str = "float32", max_len: int = 4096) -> Loaded:
     """Load the target (engine forward over its HF weights) and the drafter(s), checked against it."""

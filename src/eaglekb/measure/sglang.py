@@ -9,9 +9,11 @@ sequential single-stream ``/generate`` requests through the one client
 accept length), with a result of the same shape as ``eaglekb.measure.bench``
 (median tok/s, range over repeats).
 
-Not run here: no SGLang build on our machines. The command builder is tested; the
-benchmark runs against a local stub server. Knows nothing about HTTP (the client
-owns it) or the task runner.
+The server's life (launch, health, stop) is ``eaglekb.measure.sglang_server``; the full
+protocol of ``invoke bench.sglang`` (our engine beside the server, parity, concurrency) is
+``eaglekb.measure.sglang_bench``; the cycle split from SGLang's profiler, ``sglang_trace``.
+Tested here against a local stub server; run for real on an H200 (docs/howto/sglang.md).
+Knows nothing about HTTP (the client owns it) or the task runner.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class LaunchConfig:
     disable_cuda_graph: bool = False
     trust_remote_code: bool = False
     attention_backend: str | None = None
+    max_total_tokens: int | None = None  # KV pool cap: several servers can share one GPU
+    disable_radix_cache: bool = False  # repeated prompts do not hit the prefix cache (fair timings)
+    disable_prefill_cuda_graph: bool = False  # shorter start-up (prefill graphs cost ~70 s on the H200)
+    enable_metrics: bool = False  # per-request server timestamps in meta_info (the request split)
+    sleep_on_idle: bool = False  # an idle server sleeps instead of polling (others share the host's cores)
     extra: list[str] = field(default_factory=list)
 
 
@@ -76,6 +83,11 @@ def launch_command(cfg: LaunchConfig, python: str = "python") -> list[str]:
         cmd.append("--trust-remote-code")
     if cfg.attention_backend:
         cmd += ["--attention-backend", cfg.attention_backend]
+    if cfg.max_total_tokens is not None:
+        cmd += ["--max-total-tokens", str(cfg.max_total_tokens)]
+    for flag in ("disable_radix_cache", "disable_prefill_cuda_graph", "enable_metrics", "sleep_on_idle"):
+        if getattr(cfg, flag):
+            cmd.append("--" + flag.replace("_", "-"))
     return cmd + list(cfg.extra)
 
 

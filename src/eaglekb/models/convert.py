@@ -11,56 +11,20 @@ cache layout (``eaglekb.models.sources``), drafters or the task runner.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as metadata
 import time
 from pathlib import Path
-from typing import Iterable
 
 from eaglekb.io.errors import IntegrityError, Unavailable, first_line
 from eaglekb.io.files import atomic_write_json
+from eaglekb.io.pieces import assemble, sha256_files  # noqa: F401  (one copy: io.pieces)
 
 MANIFEST = "eaglekb-manifest.json"
-_CHUNK = 1 << 22  # 4 MiB reads when hashing / assembling
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not enabled, leave=False)
 
 
 def folder_bytes(path: Path) -> int:
     """Total size of the files under ``path``."""
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def sha256_files(paths: Iterable[Path], *, progress: bool = False) -> str:
-    """SHA-256 of the concatenation of ``paths`` (one file is the common case)."""
-    paths = list(paths)
-    digest = hashlib.sha256()
-    with _progress(sum(p.stat().st_size for p in paths), "sha256", progress) as bar:
-        for path in paths:
-            with open(path, "rb") as fh:
-                while chunk := fh.read(_CHUNK):
-                    digest.update(chunk)
-                    bar.update(len(chunk))
-    return digest.hexdigest()
-
-
-def assemble(paths: list[Path], dest: Path, *, progress: bool = False) -> str:
-    """Concatenate chunk files into ``dest`` and return the SHA-256 of the result."""
-    digest = hashlib.sha256()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _progress(sum(p.stat().st_size for p in paths), "assemble", progress) as bar:
-        with open(dest, "wb") as out:
-            for path in paths:
-                with open(path, "rb") as fh:
-                    while chunk := fh.read(_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        bar.update(len(chunk))
-    return digest.hexdigest()
 
 
 def check_sha256(found: str, expected: str, where: str) -> None:

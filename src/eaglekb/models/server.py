@@ -7,10 +7,14 @@ endpoints the project uses:
 
 * ``/v1/chat/completions`` (OpenAI-compatible; ``chat``): the assistant text and the
   finish reason. Datagen regenerates responses of targets too large for one GPU this way.
-* ``/generate`` (SGLang native; ``generate``): the text and ``meta_info``
-  (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``), with the accept
-  length as ``completion_tokens / spec_verify_ct`` (bonus included, SGLang's definition).
+* ``/generate`` (SGLang native; ``generate``): the text, the output token ids and ``meta_info``
+  (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``; with ``--enable-metrics``
+  the server's own timestamps and decode rate), with the accept length as
+  ``completion_tokens / spec_verify_ct`` (bonus included, SGLang's definition).
   The SGLang bench backend (``eaglekb.measure.sglang``) times these.
+* ``/health`` (``ready``: 200 once the server has warmed up, 503 while it starts),
+  ``/get_server_info`` (``server_info``), ``/flush_cache`` and the torch profiler's
+  ``/start_profile`` (``start_profile``).
 
 Knows nothing about datasets, prompt sets, benchmarks, the launch command or the task runner.
 """
@@ -21,12 +25,16 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from eaglekb.io.errors import BadInput, SchemaError, Unavailable
+from eaglekb.io.errors import BadInput, SchemaError, Unavailable, first_line
 
 DEFAULT_URL = "http://127.0.0.1:30000"
+#: meta_info fields of a server started with ``--enable-metrics`` (SGLang 0.5.17): when the request
+#: arrived, entered the forward pass, finished prefill, finished, and left; the decode rate it saw.
+SERVER_TIMES = ("request_received_ts", "forward_entry_time", "prefill_finished_time", "request_finished_ts",
+                "response_sent_to_client_ts", "decode_throughput")
 
 
 @dataclass
@@ -39,6 +47,11 @@ class Completion:
     accept_len: float | None  # completion_tokens / spec_verify_ct (bonus included)
     reported_accept_len: float | None  # meta_info.spec_accept_length as the server reported it
     latency_s: float = 0.0
+    output_ids: list[int] | None = None  # the generated token ids, where the server returned them
+    #: the server's own timing (``--enable-metrics``): timestamps in seconds and its decode rate
+    server: dict[str, float] = field(default_factory=dict)
+    sent_ts: float | None = None  # client wall clock (time.time()) when the request left / the answer arrived
+    received_ts: float | None = None
 
 
 def _shown(doc: Any) -> str:
@@ -79,9 +92,15 @@ def parse_generate(doc: Any, where: str = "/generate response") -> Completion:
         raise SchemaError("bad spec_verify_ct", where=f"{where}:meta_info.spec_verify_ct",
                           expected="an integer >= 0", found=repr(verify))
     reported = meta.get("spec_accept_length")
-    return Completion(text=str(doc.get("text", "")), completion_tokens=tokens, verify_ct=verify,
+    ids = doc.get("output_ids")
+    if ids is not None and (not isinstance(ids, list) or not all(isinstance(t, int) for t in ids)):
+        raise SchemaError("bad output_ids", where=f"{where}:output_ids", expected="a list of token ids",
+                          found=_shown(ids))
+    server = {k: float(meta[k]) for k in SERVER_TIMES if isinstance(meta.get(k), (int, float))}
+    return Completion(text=str(doc.get("text") or ""), completion_tokens=tokens, verify_ct=verify,
                       accept_len=tokens / verify if verify else None,
-                      reported_accept_len=float(reported) if isinstance(reported, (int, float)) else None)
+                      reported_accept_len=float(reported) if isinstance(reported, (int, float)) else None,
+                      output_ids=ids, server=server)
 
 
 class SGLangClient:
@@ -124,7 +143,38 @@ class SGLangClient:
                               found=raw[:80].decode(errors="replace")) from None
 
     def server_info(self) -> dict:
-        return self.request("/get_server_info")
+        info = self.request("/get_server_info")
+        if not isinstance(info, dict):
+            raise SchemaError("server_info is not an object", where=self.url + "/get_server_info",
+                              expected="a JSON object", found=_shown(info))
+        return info
+
+    def ready(self) -> bool:
+        """True once ``/health`` answers 200 (the server warmed up); False while it starts or is unreachable."""
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=min(self.timeout, 5.0)) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def post(self, path: str, body: dict | None = None) -> str:
+        """POST to an endpoint that answers plain text (``/flush_cache``, ``/start_profile``); its text."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.read()[:500].decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            raise Unavailable("SGLang server answered with an error", where=self.url + path, expected="HTTP 200",
+                              found=f"HTTP {exc.code}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise Unavailable("SGLang server unreachable", where=self.url + path,
+                              found=first_line(str(getattr(exc, "reason", exc)))) from None
+
+    def start_profile(self, output_dir: str, num_steps: int, *, activities=("CPU", "GPU")) -> str:
+        """Start SGLang's torch profiler for ``num_steps`` forward steps, traces written to ``output_dir``."""
+        return self.post("/start_profile", {"output_dir": output_dir, "num_steps": int(num_steps),
+                                            "activities": list(activities)})
 
     def chat_request(self, messages: Sequence[dict], *, max_tokens: int, temperature: float = 0.0,
                      top_p: float | None = None, seed: int | None = None) -> dict:
@@ -149,7 +199,8 @@ class SGLangClient:
         body: dict[str, Any] = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature,
                                                     "ignore_eos": ignore_eos}}
         body["input_ids" if isinstance(prompt, list) else "text"] = prompt
-        t0 = time.perf_counter()
+        sent, t0 = time.time(), time.perf_counter()
         out = parse_generate(self.request("/generate", body), where=self.url + "/generate")
         out.latency_s = time.perf_counter() - t0
+        out.sent_ts, out.received_ts = sent, sent + out.latency_s  # wall clock, comparable with the server's
         return out
