@@ -33,9 +33,7 @@ import contextvars
 import errno
 import inspect
 import json
-import math
 import os
-import re
 import sys
 import warnings
 from typing import Any, Callable, Iterator
@@ -46,11 +44,27 @@ from invoke.parser import Argument
 
 from eaglekb.io.errors import BadInput, EaglekbError, MissingFile, one_line
 from eaglekb.kb import baselines
+from runbooks._options import (  # noqa: F401  (the parsers are part of this module's interface)
+    BASELINE_NAME,
+    OPTIONS,
+    Opt,
+    _found,
+    one_of,
+    parse_floats,
+    parse_int,
+    parse_options,
+    real,
+    text,
+    whole,
+)
 
 DEBUG_ENV = "EAGLEKB_DEBUG"
 HELP_WORDS = ("--help", "-h")
 _FORCE: contextvars.ContextVar[bool] = contextvars.ContextVar("eaglekb_force", default=False)
-_FORCE_HELP = "with --record: replace an existing baseline of that name (a cited record is never replaced)"
+_GIVEN: contextvars.ContextVar[frozenset] = contextvars.ContextVar("eaglekb_given", default=frozenset())
+_STACK: contextvars.ContextVar[contextlib.ExitStack | None] = contextvars.ContextVar("eaglekb_stack", default=None)
+_FORCE_HELP = ("with --record: replace an existing baseline of that name (a cited record is never replaced); "
+               "replace an existing output this task wrote before (never a file git tracks)")
 
 # --------------------------------------------------------------------------- the boundary
 
@@ -119,6 +133,9 @@ def parse_errors_exit_2() -> None:
     from invoke.exceptions import ParseError, UnknownFileType
     from invoke.program import Program
 
+    from runbooks import _help
+
+    _help.install(Program)  # task help with kinds and defaults
     if getattr(Program.parse_tasks, "eaglekb", False):
         return
 
@@ -127,163 +144,14 @@ def parse_errors_exit_2() -> None:
             try:
                 method(self)
             except (ParseError, UnknownFileType, OSError) as exc:
-                raise Exit(f"error: {one_line(str(exc))}; fix: invoke --help TASK", code=2) from None
+                fix = _help.suggestion(exc, self) if isinstance(exc, ParseError) else "invoke --help TASK"
+                raise Exit(f"error: {one_line(_help.missing_value(str(exc)))}; fix: {fix}", code=2) from None
 
         wrapped.eaglekb = True  # type: ignore[attr-defined]
         return wrapped
 
     Program.parse_tasks = one_line_exit(Program.parse_tasks)  # type: ignore[method-assign]
     Program.update_config = one_line_exit(Program.update_config)  # type: ignore[method-assign]
-
-
-# --------------------------------------------------------------------------- option parsers
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def _found(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-class Opt:
-    """One option's parser: ``Opt(int, lo=1)(value, "--steps")`` -> 3, or a one-line ``BadInput``."""
-
-    def __init__(self, kind: type, *, lo: float | None = None, hi: float | None = None, above: float | None = None,
-                 choices: tuple[str, ...] | None = None, pattern: str | None = None, expected: str | None = None):
-        self.kind, self.lo, self.hi, self.above, self.choices = kind, lo, hi, above, choices
-        self.pattern = re.compile(pattern) if pattern else None
-        self.expected = expected or self._describe()
-
-    def _describe(self) -> str:
-        if self.choices:
-            return "one of " + ", ".join(self.choices)
-        if self.kind is str:
-            return "text" if self.pattern is None else f"text matching {self.pattern.pattern}"
-        bounds = [f"> {_num(self.above)}" if self.above is not None else "",
-                  f">= {_num(self.lo)}" if self.lo is not None else "", f"<= {_num(self.hi)}" if self.hi is not None else ""]
-        noun = "a whole number" if self.kind is int else "a number"
-        return " ".join([noun, " and ".join(b for b in bounds if b)]).strip()
-
-    def __call__(self, value: Any, option: str) -> Any:
-        if value is None:
-            return None
-        if self.kind is int:
-            out = self._int(value, option)
-        elif self.kind is float:
-            out = self._float(value, option)
-        else:
-            out = text(value, option)
-            if self.choices and out not in self.choices or self.pattern and not self.pattern.fullmatch(out):
-                raise BadInput("not an accepted value", where=option, expected=self.expected, found=_found(value))
-            return out
-        if (self.lo is not None and out < self.lo) or (self.hi is not None and out > self.hi) or (
-                self.above is not None and out <= self.above):
-            raise BadInput("out of range", where=option, expected=self.expected, found=_found(value))
-        return out
-
-    def _int(self, value: Any, option: str) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", value):
-            return int(value)
-        raise BadInput("not a whole number", where=option, expected=self.expected, found=_found(value))
-
-    def _float(self, value: Any, option: str) -> float:
-        try:
-            out = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
-        except ValueError:
-            out = None
-        if out is None or not math.isfinite(out):
-            raise BadInput("not a number", where=option, expected=self.expected, found=_found(value))
-        return out
-
-
-def text(value: Any, option: str) -> str:
-    """Any text without a NUL byte (a path, a name, a URL)."""
-    value = str(value)
-    if "\x00" in value:
-        raise BadInput("option value holds a NUL byte", where=option, expected="text without NUL", found=_found(value))
-    return value
-
-
-def whole(lo: int | None = None, hi: int | None = None) -> Opt:
-    return Opt(int, lo=lo, hi=hi)
-
-
-def real(lo: float | None = None, hi: float | None = None, above: float | None = None) -> Opt:
-    return Opt(float, lo=lo, hi=hi, above=above)
-
-
-def one_of(*choices: str) -> Opt:
-    return Opt(str, choices=choices)
-
-
-BASELINE_NAME = Opt(str, pattern=baselines.NAME_RE.pattern.strip("^$"),
-                    expected="a baseline name: lower-case letters, digits, . _ - (at most 100, e.g. cpu-run-1)")
-_MANY = 1 << 20  # a generous upper bound for counts and lengths: a typo, not a plan, beyond it
-
-#: The one parser of each option name, for every task that has it (``@task(options=...)`` overrides).
-OPTIONS: dict[str, Callable[[Any, str], Any]] = {
-    "a_per_source": whole(1, 10**6), "b_per_source": whole(1, 10**6), "eval_count": whole(1, 10**6),
-    "max_prompt_chars": whole(1, 10**7), "b_small": whole(0, 10**7), "soft_limit_s": real(above=0),
-    "export_max_mib": real(lo=0, hi=1 << 20), "threads": whole(0, 4096), "cpu_step_threads": whole(0, 4096), "nproc": whole(1, 1024),
-    "accept_len": real(above=0), "baseline_tps": real(above=0), "cycle_ms": real(above=0),
-    "target_tps": real(above=0), "threshold": real(lo=0),
-    "num_prompts": whole(1, _MANY), "max_new_tokens": whole(1, _MANY), "max_len": whole(2, _MANY),
-    "steps": whole(1, _MANY), "topk": whole(1, 1024), "draft_tokens": whole(1, 1 << 16),
-    "repeats": whole(1, 10_000), "warmup": whole(0, 10_000), "seed": whole(0, 2**63 - 1),
-    "per_source": whole(0, 10**9), "batch_size": whole(1, _MANY), "shard_size": whole(1, _MANY),
-    "draft_vocab_size": whole(1, _MANY), "intermediate_size": whole(1, _MANY), "ttt_steps": whole(1, 64),
-    "epochs": real(above=0, hi=10**6), "lr": real(above=0, hi=10), "warmup_frac": real(lo=0, hi=1),
-    "grad_clip": real(lo=0), "val_fraction": real(lo=0, hi=0.9), "eval_every": whole(0, _MANY),
-    "save_every": whole(0, _MANY), "stop_after": whole(1, _MANY), "min_lr_frac": real(lo=0, hi=1),
-    "temperature": real(lo=0, hi=100), "top_p": real(above=0, hi=1), "eval_limit": whole(1, _MANY),
-    "train_limit": whole(1, _MANY), "fit_steps": whole(0, _MANY),
-    "dtype": one_of("float32", "bfloat16", "float16"), "mode": one_of("greedy", "sampled"),
-    "features": one_of("stored", "online"), "generator": one_of("auto", "hf", "engine"),
-    "positions": one_of("runtime", "specforge"), "graphs": one_of("auto", "on", "off", "both"),
-    "compile": one_of("auto", "on", "off"), "fail_on": one_of("regression", "change", "none"),
-    "record": BASELINE_NAME, "compare": BASELINE_NAME,
-}
-
-
-def parse_options(fn: Callable, values: dict[str, Any], overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Each option value parsed by its parser (``overrides``, then ``OPTIONS``, then the default's type)."""
-    defaults = {p.name: p.default for p in inspect.signature(fn).parameters.values()}
-    out = dict(values)
-    for name, value in values.items():
-        parser = (overrides or {}).get(name, OPTIONS.get(name))
-        default = defaults.get(name)
-        if parser is None and type(default) in (int, float):  # a count or a size: never negative
-            parser = whole(0, 2**63 - 1) if type(default) is int else real(lo=0)
-        if parser is None and isinstance(value, bool):
-            continue
-        parser = parser or text
-        option = "--" + name.replace("_", "-")
-        if isinstance(value, (list, tuple)):
-            out[name] = [parser(v, option) for v in value]
-        elif value is not None:
-            out[name] = parser(value, option)
-    return out
-
-
-def parse_floats(values: Any, option: str) -> list[float]:
-    """A repeatable numeric option (list or comma-separated string) as finite numbers."""
-    if values is None:
-        return []
-    if isinstance(values, (str, int, float)):
-        values = [values]
-    return [real()(part.strip(), option) for v in values for part in str(v).split(",") if part.strip()]
-
-
-def parse_int(value: Any, option: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    """A whole-number option given as text or a number (None or empty: not given)."""
-    if value in (None, ""):
-        return None
-    return whole(lo, hi)(value, option)
 
 
 # --------------------------------------------------------------------------- the task class
@@ -344,13 +212,10 @@ class EaglekbTask(Task):
         return f"invoke {area}" if self.is_default or name == area else f"invoke {area}.{name}"
 
     def usage(self) -> str:
-        """The task's help (as ``invoke --help TASK`` prints it), without running it."""
-        doc = inspect.cleandoc(self.body.__doc__ or "")
-        positional = " ".join(p.upper() for p in self.positional)
-        lines = [f"Usage: {self.command()} [--options] {positional}".rstrip(), "", doc, "", "Options:"]
-        for name in [p for p in inspect.signature(self.body).parameters][1:] + (["force"] if self.adds_force else []):
-            lines.append(f"  --{name.replace('_', '-'):<22} {self.help_texts.get(name, '')}")
-        return "\n".join(lines)
+        """The task's help (as ``invoke --help TASK`` prints it, kinds and real defaults), without running it."""
+        from runbooks._help import usage
+
+        return usage(self)
 
     def _precheck_record(self, values: dict[str, Any], force: bool) -> None:
         """Refuse --record over an existing baseline (or a cited record) and a missing --compare, up front."""
@@ -379,7 +244,7 @@ class EaglekbTask(Task):
             if _help_request(values):
                 print(self.usage())
                 return None
-            missing = [p for p in self.positional if values.get(p) in ("", None)]
+            missing = [p for p in self.positional if values.get(p) is None or not str(values.get(p)).strip()]
             if missing:
                 raise BadInput("missing argument", where=f"{missing[0].upper()} (--{missing[0].replace('_', '-')})",
                                expected=self.help_texts.get(missing[0]) or "a value",
@@ -387,11 +252,18 @@ class EaglekbTask(Task):
             force = bool(values.pop("force", False) if self.adds_force else values.get("force", False))
             parsed = parse_options(self.body, values, self.options)
             self._precheck_record(parsed, force)
+            defaults = {p.name: p.default for p in inspect.signature(self.body).parameters.values()}
             token = _FORCE.set(force)
-            try:
-                return super().__call__(args[0], **parsed)
-            finally:
-                _FORCE.reset(token)
+            given_token = _GIVEN.set(frozenset(n for n, v in parsed.items()  # invoke fills a repeatable with []
+                                               if v != defaults.get(n) and not (v == [] and defaults.get(n) is None)))
+            with contextlib.ExitStack() as stack:  # the outputs' locks (``claim``), released when the task ends
+                stack_token = _STACK.set(stack)
+                try:
+                    return super().__call__(args[0], **parsed)
+                finally:
+                    _FORCE.reset(token)
+                    _GIVEN.reset(given_token)
+                    _STACK.reset(stack_token)
 
 
 def task(*args: Any, **kwargs: Any) -> Any:
@@ -472,6 +344,44 @@ def forced() -> bool:
     return _FORCE.get()
 
 
+def given(name: str) -> bool:
+    """Whether the running task's option NAME (``temperature``) was given a value other than its default."""
+    return name in _GIVEN.get()
+
+
+def no_effect(option: str, value: Any, needs: str, fix: str | None = None) -> BadInput:
+    """The refusal of an option that would be accepted and ignored: what it needs to take effect."""
+    return BadInput("option would have no effect", where=option, expected=needs,
+                    found=f"{option} given" if value is True else _found(value),
+                    fix=fix or f"drop {option.split('=')[0]}, or give what it needs")
+
+
+def refuse_ignored(cases: list[tuple[str, bool, str]], values: dict[str, Any]) -> None:
+    """Each (option name, ignored here, what it needs) whose option was given and would be ignored: refused
+    in one line (``no_effect``), never accepted and dropped."""
+    for name, ignored, needs in cases:
+        if ignored and given(name):
+            raise no_effect("--" + name.replace("_", "-"), values.get(name), needs)
+
+
+def claim(path: Any, option: str, *, lock: bool = True, force: bool | None = None, **guard: Any) -> Any:
+    """The one rule for an output the user names (``eaglekb.io.files.guard_output``: never a tracked file,
+    never an input, an existing one only with --force and only of the command's own kind), checked before
+    any work; with ``lock`` the output is then held until the task ends, so a second run writing it at the
+    same time is refused in one line. Returns the path."""
+    from pathlib import Path
+
+    from eaglekb.io.files import guard_output, output_lock
+
+    path = Path(str(path))
+    where = f"{option} {path}"
+    guard_output(path, where=where, force=forced() if force is None else force, **guard)
+    stack = _STACK.get()
+    if lock and stack is not None:
+        stack.enter_context(output_lock(path, where=where))
+    return path
+
+
 def finish_text(doc: dict[str, Any]) -> str:
     """The lines ``finish`` adds to a task's human output: where it recorded, whether it reproduced."""
     lines = []
@@ -484,6 +394,7 @@ def finish_text(doc: dict[str, Any]) -> str:
     return ("\n" + "\n".join(lines)) if lines else ""
 
 
-__all__ = ["BASELINE_NAME", "EaglekbTask", "OPTIONS", "Opt", "cli_errors", "command_line", "emit", "error_line",
-           "finish", "finish_text", "forced", "one_line", "one_of", "parse_errors_exit_2", "parse_floats",
-           "parse_int", "parse_options", "real", "task", "text", "whole"]
+
+__all__ = ["BASELINE_NAME", "EaglekbTask", "OPTIONS", "Opt", "claim", "cli_errors", "command_line", "emit", "error_line",
+           "finish", "finish_text", "forced", "given", "no_effect", "one_line", "one_of", "parse_errors_exit_2", "refuse_ignored",
+           "parse_floats", "parse_int", "parse_options", "real", "task", "text", "whole"]

@@ -34,7 +34,7 @@ from eaglekb.measure.command import unportable_paths
 from eaglekb.models import sources
 
 #: Options whose value is a path the task writes (never required to exist beforehand).
-OUTPUT_OPTIONS = frozenset({"out", "work", "drafters", "site_dir"})
+OUTPUT_OPTIONS = frozenset({"out", "work", "drafters", "site_dir", "save_counts"})
 #: Options whose value is a model: an embedded name, a folder, or a Hugging Face repo id.
 MODEL_OPTIONS = frozenset({"target", "model"})
 #: Options that are names or revisions, never paths.

@@ -7,6 +7,7 @@ from invoke import Exit
 from eaglekb.io.errors import EaglekbError
 from eaglekb.kb import baselines, diff_render
 from eaglekb.kb import diff as baseline_diff
+from eaglekb.kb import identity as _identity
 from eaglekb.kb import investigation
 from runbooks._common import cli_errors, emit, parse_floats, task
 
@@ -14,7 +15,7 @@ from runbooks._common import cli_errors, emit, parse_floats, task
 @task(help={"json": "print one JSON document as the last line",
             "fix": "rewrite valid files in canonical format"})
 def check(c, json=False, fix=False):
-    """Validate every baselines/KIND/NAME.json against schema v1 and the canonical format.
+    """Validate every baselines/KIND/NAME.json against the schema (v2: input hashes, reproduce command) and the canonical format.
 
     Exits 1 when a file has a problem, or when there is no baseline at all (a wrong EAGLEKB_ROOT or
     checkout must not pass as "0 valid").
@@ -71,3 +72,15 @@ def record_investigation(c, json=False):
     ids = [f"{p.parent.name}/{p.stem}" for p in paths]
     emit({"baselines": ids, "files": [str(p) for p in paths]},
          "\n".join(f"recorded {i} -> {p}" for i, p in zip(ids, paths)), json)
+
+
+@task(help={"json": "print one JSON document as the last line",
+            "dry_run": "say what would change, write nothing"})
+def identity(c, json=False, dry_run=False):
+    """Upgrade baselines recorded before content identity to schema v2: the sha256 of each input from git history
+    (or unknown, with the reason), the reproduce command, superseded_by. Repeatable: complete files stay as they are."""
+    with cli_errors():
+        changed = _identity.backfill(baselines.find_root(), dry_run=dry_run)
+    verb = "would upgrade" if dry_run else "upgraded"
+    text = "\n".join([*(f"{verb} {bid}: {what}" for bid, what in changed), f"{len(changed)} baselines {verb}"])
+    emit({"changed": [bid for bid, _ in changed], "dry_run": dry_run}, text, json)

@@ -2,14 +2,54 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, task
+import contextlib
+from typing import Iterator
+
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, refuse_ignored, task, whole
+
+_SWEEP_FORM = "points 'steps,topk[,draft_tokens]' separated by ';' (e.g. '3,1;5,1;4,4,16')"
+
+
+def _sweep(text: str) -> list[tuple[int, int, int | None]]:
+    """``--sweep '3,1;5,1;4,4,16'`` as (steps, topk, draft tokens) points; anything else is one line that names
+    --sweep and the point (never blamed on --steps, --topk or --draft-tokens)."""
+    from eaglekb.io.errors import BadInput
+
+    points = []
+    for item in str(text).split(";"):
+        parts = [p.strip() for p in item.split(",")]
+        if not item.strip() or not 1 <= len(parts) <= 3 or not parts[0]:
+            raise BadInput("bad sweep point", where="--sweep", expected=_SWEEP_FORM, found=repr(item.strip())[:80])
+        try:
+            steps = whole(1, 1 << 20)(parts[0], "--sweep")
+            topk = whole(1, 1024)(parts[1], "--sweep") if len(parts) > 1 and parts[1] else 1
+            tokens = whole(1, 1 << 16)(parts[2], "--sweep") if len(parts) > 2 and parts[2] else None
+        except BadInput as exc:
+            raise BadInput("bad sweep point", where="--sweep", expected=f"{_SWEEP_FORM}, each a whole number in "
+                           "range", found=f"{item.strip()!r}: {exc.found}"[:120]) from None
+        points.append((steps, topk, tokens))
+    return points
+
+
+@contextlib.contextmanager
+def _sweep_blamed(swept: bool) -> Iterator[None]:
+    """With --sweep, a refusal of a point's steps, topk or draft tokens names --sweep (the option typed)."""
+    from eaglekb.io.errors import BadInput
+
+    try:
+        yield
+    except BadInput as exc:
+        if not swept or exc.where not in ("--steps", "--topk", "--draft-tokens", "--steps/--topk"):
+            raise
+        raise BadInput(exc.what, where="--sweep", expected=exc.expected,
+                       found=f"{exc.found} (a point's {exc.where.replace('--', '')})", fix=exc.fix) from None
 
 
 @task(
     default=True,
     help={
         "target": "target model: embedded name (smollm2-135m), folder or repo id",
-        "drafter": "drafter folder; default drafters/smollm2-135m-default",
+        "drafter": "drafter folder; default: the target's own (drafters/smollm2-135m-default; for qwen2.5-coder-0.5b .eaglekb/drafters/qwen2.5-coder-0.5b, kept outside the repository)",
         "prompts": "gsm8k-eval, humaneval, builtin, or a prompts file",
         "num_prompts": "how many prompts (default 4)",
         "max_new_tokens": "tokens per prompt, end-of-sequence ignored (default 128)",
@@ -40,19 +80,30 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
-        from eaglekb.measure.setup import DEFAULT_DRAFTER
+        from eaglekb.measure.setup import default_drafter
 
+        cuda = str(device).startswith("cuda")
+        refuse_ignored([
+            ("steps", bool(sweep), "no --sweep (each sweep point gives its own steps)"),
+            ("topk", bool(sweep), "no --sweep (each sweep point gives its own topk)"),
+            ("draft_tokens", bool(sweep), "no --sweep (each sweep point gives its own draft tokens)"),
+            ("graphs", not cuda and graphs in ("on", "both"), "--device cuda (CUDA graphs need a GPU)"),
+            ("profile", not cuda or graphs == "off", "--device cuda with CUDA graphs (it profiles the graphed steps)"),
+            ("cpu_step_threads", cuda, "--device cpu (the CPU engine's step threads)"),
+        ], locals())
         cfg = lib.BenchConfig(
-            target=target, drafter=drafter or DEFAULT_DRAFTER, prompts=prompts,
+            target=target, drafter=drafter or default_drafter(target), prompts=prompts,
             num_prompts=parse_int(num_prompts, "--num-prompts"), max_new_tokens=parse_int(max_new_tokens, "--max-new-tokens"),
-            sweep=lib.parse_sweep(sweep, parse_int(steps, "--steps"), parse_int(topk, "--topk"),
-                                  parse_int(draft_tokens, "--draft-tokens")),
+            sweep=_sweep(sweep) if sweep else lib.parse_sweep(None, parse_int(steps, "--steps"),
+                                                              parse_int(topk, "--topk"),
+                                                              parse_int(draft_tokens, "--draft-tokens")),
             repeats=parse_int(repeats, "--repeats"), warmup=parse_int(warmup, "--warmup"), device=device, dtype=dtype,
             graphs=graphs, peers=[p.strip() for p in str(peers).split(",") if p.strip()],
             compile=str(compile), fused=str(fused), profile=bool(profile),
             cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"),
         )
-        report = lib.run(cfg, progress=not json)
+        with _sweep_blamed(bool(sweep)):
+            report = lib.run(cfg, progress=not json)
         doc = report.to_dict()
         config = dict(report.config, prompts_manifest=report.prompts_manifest, failures=report.failures)
         doc.update(finish(kind="bench", record=record, compare=compare, config=config, metrics=report.metrics,

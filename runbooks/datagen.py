@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, task
+from runbooks._common import claim, cli_errors, emit, finish, refuse_ignored, task
 
 @task(
     default=True,
@@ -10,7 +10,7 @@ from runbooks._common import cli_errors, emit, finish, task
     help={
         "target": "model: an embedded name (smollm2-135m), a local folder or a HF repo id",
         "corpus": "prompt source, repeatable (wiki, chitchat, gsm8k, gpqa, aime, wiki-instruct, chitchat-multi, "
-                  "gsm8k-instruct; NAME:K = K variants per item, 0 = all); default wiki+chitchat+gsm8k",
+                  "gsm8k-instruct, gsm8k-code; NAME:K = K variants per item, 0 = all); default wiki+chitchat+gsm8k",
         "per_source": "prompts taken from each corpus (train split, shuffled with --seed)",
         "prompts_file": "prompts from a file instead (JSON lines with prompt/messages, or one per line)",
         "out": "dataset folder (default .eaglekb/datasets/<target>-<n>-<mode>); a rerun resumes it",
@@ -61,6 +61,18 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
 
         from runbooks._common import parse_floats
 
+        refuse_ignored([
+            ("temperature", mode == "greedy", "--mode sampled (greedy decoding does not sample)"),
+            ("top_p", mode == "greedy", "--mode sampled (greedy decoding does not sample)"),
+            ("per_source", bool(prompts_file), "no --prompts-file (it takes every prompt of the file)"),
+            ("corpus", bool(prompts_file), "no --prompts-file (the prompts come from the file)"),
+            ("seed", bool(prompts_file) and mode == "greedy" and not samples,
+             "corpora to shuffle or responses to sample (a prompts file in greedy mode uses neither)"),
+            ("no_final_hidden", features == "online", "--features stored (online features store no hidden state)"),
+            ("generator", bool(server), "no --server (the server generates the responses)"),
+            ("samples", bool(server), "no --server (the server generates the responses)"),
+            ("server_model", not server, "--server URL"),
+        ], locals())
         path = sources.resolve(str(target))
         prompts = training_prompts(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))
         cfg = dg.DatagenConfig(max_new_tokens=int(max_new_tokens), max_len=int(max_len), batch_size=int(batch_size),
@@ -70,7 +82,9 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
                                generator=("engine" if str(device).startswith("cuda") else "hf")
                                if generator == "auto" else generator)
         name = Path(str(target)).name
-        out = Path(out) if out else Path(".eaglekb/datasets") / f"{name}-{len(prompts)}-{mode}"
+        out = claim(out or Path(".eaglekb/datasets") / f"{name}-{len(prompts)}-{mode}", "--out", folder=True,
+                    ours=lambda p: (p / "manifest.json").is_file(), reuse=True, what="dataset folder",
+                    inputs=[prompts_file, path if Path(str(path)).is_dir() else None])
         manifest = generate_dataset(path, prompts, out, cfg, nproc=int(nproc), device=device, device_map=device_map,
                                     server=server, server_model=server_model, progress=not json,
                                     time_budget_s=float(time_budget_s) if time_budget_s else None)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from invoke import Exit
 
+from eaglekb.io.errors import BadInput, Unavailable
+from eaglekb.io.files import guard_output
 from runbooks._common import one_line, task
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout whose mkdocs.yml and git branch we use
@@ -42,9 +44,13 @@ def _mike() -> list[str]:
 
 
 def _first_error(text: str) -> str:
+    """The line that says why mike (or the git or mkdocs under it) failed: an eaglekb check, git's ``fatal:``,
+    mkdocs's own ERROR/WARNING line (the build is strict), mike's ``error:``, an exception; never a library's
+    log line (a notebook kernel's TCP warning, a deprecation notice) when a real reason is there."""
     lines = [l.strip() for l in text.splitlines() if l.strip()]
-    for key in ("eaglekb:", "WARNING", "Error", "fatal:", "error:"):
-        hits = [l for l in lines if key in l]
+    for pattern in (r"eaglekb:", r"^fatal:", r"^(ERROR|WARNING)\s+-", r"^(mike: )?error:",
+                    r"^[A-Za-z_][\w.]*(Error|Exception)\b.*:"):
+        hits = [l for l in lines if re.search(pattern, l)]
         if hits:
             return hits[0]
     return lines[-1] if lines else "no output"
@@ -72,12 +78,30 @@ def _writable(site_dir: str) -> None:
                    "fix: choose another --site-dir or fix its permissions", code=2) from None
 
 
+def _is_site(folder: Path) -> bool:
+    """A folder mkdocs built before (what a rebuild may replace: mkdocs empties the folder first)."""
+    return (folder / "index.html").is_file() and ((folder / "sitemap.xml").is_file() or (folder / "404.html").is_file()
+                                                  or (folder / "search").is_dir())
+
+
+def _check_site_dir(site_dir: str) -> None:
+    """mkdocs deletes what the site folder holds before it builds: only a new or empty folder, or a site it
+    built before, never the sources or a folder git tracks files in."""
+    folder = Path(site_dir) if Path(site_dir).is_absolute() else ROOT / site_dir
+    guard_output(folder, where=f"--site-dir {site_dir}", folder=True, ours=_is_site, reuse=True,
+                 what="site folder", inputs=[ROOT / "docs", ROOT / "mkdocs.yml", ROOT / "baselines"])
+
+
 def _strict_build(site_dir: str) -> None:
+    _check_site_dir(site_dir)
+    from eaglekb.io.progress import still_working
+
     _writable(site_dir)
-    proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", site_dir],
-        capture_output=True, text=True, env=_env(), cwd=ROOT, check=False,
-    )
+    with still_working("building the site (mkdocs build --strict: baselines, plots, notebook, llms.txt)"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", site_dir],
+            capture_output=True, text=True, env=_env(), cwd=ROOT, check=False,
+        )
     if proc.returncode != 0:
         raise Exit(f"error: docs build failed: {one_line(_build_cause(proc.stderr + proc.stdout))}", code=1)
 
@@ -111,6 +135,48 @@ def _check_branch(branch: str) -> None:
         raise Exit(f"error: bad branch name: in --branch; expected letters, digits, . _ / -; found {branch!r}", code=2)
 
 
+#: Names mike writes at the branch's root: a version or alias of one of these names would replace it.
+_MIKE_FILES = {"versions.json", "index.html", "404.html", ".nojekyll", "cname", "robots.txt", "sitemap.xml",
+               "sitemap.xml.gz", "favicon.ico"}
+
+
+def _check_name(name: str, option: str) -> None:
+    """A version or alias that is a folder name of its own, not one of mike's files or a file-like name."""
+    if name.lower() in _MIKE_FILES or re.search(r"\.(html?|json|xml|txt|js|css|gz|ico|png|svg)$", name, re.I):
+        raise BadInput("name collides with a file of the docs branch", where=option,
+                       expected="a version such as 0.1 or 1.2.3 (mike keeps versions.json, index.html ... at the "
+                                "branch root)", found=repr(name), fix="choose another name")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, check=False)
+
+
+def _check_docs_branch(branch: str) -> None:
+    """mike commits the site onto BRANCH: never a branch a work tree has checked out (the site would land on
+    top of the sources), never an existing branch that is not a docs branch (no versions.json at its tip)."""
+    listed = _git("worktree", "list", "--porcelain").stdout
+    checked_out = {l.split(" ", 1)[1].removeprefix("refs/heads/") for l in listed.splitlines() if l.startswith("branch ")}
+    if branch in checked_out:
+        raise BadInput("branch is checked out", where="--branch", expected="a branch for the site only (default gh-pages)",
+                       found=f"{branch!r}, the branch a work tree of this repository has checked out",
+                       fix="choose another --branch; mike would commit the built site onto it")
+    exists = _git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}").returncode == 0
+    if exists and _git("cat-file", "-e", f"refs/heads/{branch}:versions.json").returncode != 0:
+        raise BadInput("branch is not a docs branch", where="--branch", expected="a new branch or one mike deployed to",
+                       found=f"{branch!r} without versions.json at its tip",
+                       fix="choose another --branch (default gh-pages)")
+
+
+def _check_identity() -> None:
+    """mike commits with git: git's own words when it has no identity to commit with."""
+    ident = _git("var", "GIT_COMMITTER_IDENT")
+    if ident.returncode != 0:
+        raise Unavailable("git cannot commit here: it has no identity", where=str(ROOT),
+                          found=_first_error(ident.stderr + ident.stdout),
+                          fix='git config user.name "Your Name" && git config user.email you@example.com')
+
+
 def _deployed(branch: str) -> list[dict]:
     """mike's versions.json on BRANCH ([] when nothing is deployed yet); read with git, no build config."""
     proc = subprocess.run(["git", "show", f"refs/heads/{branch}:versions.json"],
@@ -126,6 +192,7 @@ def _deployed(branch: str) -> list[dict]:
 @task(help={"site_dir": "output folder (default site/)"})
 def build(c, site_dir="site"):
     """Build the site with `mkdocs build --strict`; a bad citation or placeholder fails with one line."""
+    _check_site_dir(site_dir)
     _strict_build(site_dir)
     print(f"built {site_dir}/ (strict)")
 
@@ -142,7 +209,8 @@ def serve(c, addr="127.0.0.1:8000"):
         "alias": "an alias to point at this version (default latest; moved here if it exists; '' for none)",
         "set_default": "make the site root redirect to this version, to the alias if given (default on; "
                        "--no-set-default to leave the root as it is)",
-        "branch": "the local branch mike commits to (default gh-pages; never pushed)",
+        "branch": "the local branch mike commits to (default gh-pages; never pushed; never a checked-out branch or "
+                  "a branch that is not a docs branch)",
         "alias_type": "symlink (default), redirect or copy",
         "json": "print one JSON document as the last line",
     }
@@ -155,9 +223,14 @@ def deploy(c, version, alias="latest", set_default=True, branch="gh-pages", alia
         raise Exit(f"error: bad alias: in --alias; expected a name other than the version (e.g. latest); found {alias!r}", code=2)
     if alias_type not in ("symlink", "redirect", "copy"):
         raise Exit(f"error: bad alias type: in --alias-type; expected symlink, redirect or copy; found {alias_type!r}", code=2)
+    _check_name(version, "VERSION")
+    if alias:
+        _check_name(alias, "--alias")
     _check_branch(branch)
     if subprocess.run(["git", "rev-parse", "--git-dir"], capture_output=True, cwd=ROOT, check=False).returncode != 0:
         raise Exit(f"error: not a git repository: in {ROOT}; expected a checkout (mike commits to a branch)", code=2)
+    _check_docs_branch(branch)
+    _check_identity()
     # mike builds with plain `mkdocs build` (no --strict flag). With `strict: true` in mkdocs.yml
     # that build is strict all the same (a warning aborts it and nothing is committed); without
     # it, a strict build runs first so that a warning can never reach the branch.
@@ -208,6 +281,6 @@ def serve_versions(c, addr="127.0.0.1:8000", branch="gh-pages"):
     """Serve every deployed docs version with its version selector (`mike serve`), offline."""
     _check_branch(branch)
     if not _deployed(branch):
-        raise Exit(f"error: no docs deployed: in branch {branch}; expected at least one version; "
+        raise Exit(f"error: no docs deployed: in --branch {branch}; expected at least one version; "
                    "fix: invoke docs.deploy VERSION --alias latest", code=2)
     _become(_mike() + ["serve", "--branch", branch, "-a", addr])

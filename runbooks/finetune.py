@@ -2,10 +2,59 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, task
+from pathlib import Path
+
+from runbooks._common import claim, cli_errors, emit, finish, given, refuse_ignored, task, whole
+
+
+def _is_run_folder(folder: Path) -> bool:
+    """A folder a training run wrote (what --out may already hold: a run --resume continues)."""
+    return (folder / "checkpoints").is_dir() or (folder / "metrics.json").is_file()
+
+
+def _agrees_with_init(init, mapping, values: dict) -> None:
+    """--draft-vocab-size and --intermediate-size beside --mapping or --init are the sizes those bring, or
+    refused: the run takes the mapping's and the init drafter's, and must not seem to have used another."""
+    from eaglekb.formats.drafter import read_config
+    from eaglekb.formats.mapping import load_mapping
+    from eaglekb.io.errors import BadInput
+
+    checks = []
+    if given("draft_vocab_size") and (mapping or init):
+        source = "--mapping" if mapping else "--init"
+        size = load_mapping(mapping).draft_vocab_size if mapping else read_config(init)[0].draft_vocab_size
+        checks.append(("--draft-vocab-size", values["draft_vocab_size"], size, source))
+    if given("intermediate_size") and init:
+        checks.append(("--intermediate-size", values["intermediate_size"], read_config(init)[0].intermediate_size,
+                       "--init"))
+    for option, value, used, source in checks:
+        if int(value) != int(used):
+            raise BadInput(f"option disagrees with {source}", where=option,
+                           expected=f"{used} (what {source} brings, and what the run uses) or no {option}",
+                           found=str(value), fix=f"drop {option}; the size comes from {source}")
+
+
+def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, values: dict) -> None:
+    """Options that would be accepted and have no effect with the others given: refused, one line each."""
+    from eaglekb.formats.shards import read_manifest
+
+    _agrees_with_init(init, mapping, values)
+    cases = [
+        ("no_remap", not init, "--init DRAFTER (it keeps that drafter's lm_head rows)"),
+        ("epochs", steps is not None, "no --steps (--steps sets the run's length)"),
+        ("val_fraction", bool(val_data), "no --val-data (validation is that folder)"),
+    ]
+    if online_target and Path(str(data)).is_dir():
+        manifest = read_manifest(Path(str(data))) or {}
+        features = ((manifest.get("identity") or {}).get("config") or {}).get("features")
+        cases.append(("online_target", features == "stored",
+                      f"a dataset with online features ({data} stores its features)"))
+    refuse_ignored(cases, values)
+
 
 @task(
     default=True,
+    options={"max_len": whole(4, 1 << 20)},  # a TTT unroll needs at least 4 positions
     help={
         "data": "dataset folder written by invoke datagen",
         "out": "run folder (checkpoints/, drafter/, metrics.json); default .eaglekb/runs/<data name>",
@@ -36,6 +85,15 @@ from runbooks._common import cli_errors, emit, finish, task
         "device": "auto, cpu or cuda",
         "online_target": "target folder for datasets with online features",
         "threads": "torch CPU threads (default: torch's choice; 1 is fastest on a loaded shared machine)",
+        "amp": "CUDA autocast of the TTT forward: bfloat16 (default; float32 master weights) or none (float32)",
+        "compile": "torch.compile of the TTT unroll: auto (on with CUDA), on, off; a compile error falls back to eager",
+        "loss_chunk": "positions per chunk of the draft-vocab loss, no full logits (default 4096); 0: full logits",
+        "profile": "report where a step's time goes per phase (CUDA events on a GPU, wall clock on CPU)",
+        "resume_from": "a folder of checkpoint pieces (--pieces-out of an earlier run): checked, joined into --out, "
+                       "resumed",
+        "pieces_out": "write the last checkpoint into this folder in pieces (for machines that do not outlive the run)",
+        "piece_mib": "largest piece of --pieces-out in MiB (default 16)",
+        "new_data": "with --resume / --resume-from: continue the run on another dataset (give --mapping and --steps)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/finetune/NAME.json",
         "compare": "compare with baselines/finetune/NAME.json",
@@ -45,7 +103,9 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
              intermediate_size=None, ttt_steps=7, positions="runtime", batch_size=8, max_len=1024, steps=None,
              epochs=1.0, lr=1e-4, warmup_frac=0.03, grad_clip=0.5, seed=0, val_data=None, val_fraction=0.05,
              eval_every=0, save_every=0, resume=False, nproc=1, device="auto", online_target=None, json=False,
-             record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0, batching="random"):
+             record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0, batching="random",
+             amp="bfloat16", compile="auto", loss_chunk=4096, profile=False, resume_from=None, pieces_out=None,
+             piece_mib=16.0, new_data=False):
     """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length."""
     with cli_errors():
         from pathlib import Path
@@ -61,8 +121,12 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
         if not data:
             raise BadInput("missing option", where="--data", expected="a dataset folder from invoke datagen",
                            found="nothing")
+        _refuse_ignored(data, init=init, mapping=mapping, steps=steps, val_data=val_data,
+                        online_target=online_target, values=locals())
+        out = claim(out or Path(".eaglekb/runs") / Path(str(data)).name, "--out", folder=True, ours=_is_run_folder,
+                    reuse=True, what="training run folder", inputs=[data, val_data, init, mapping])
         cfg = training.TrainConfig(
-            data=str(data), out=str(out or Path(".eaglekb/runs") / Path(str(data)).name), init=init,
+            data=str(data), out=str(out), init=init,
             remap=not no_remap, mapping=mapping, draft_vocab_size=int(draft_vocab_size),
             intermediate_size=int(intermediate_size) if intermediate_size else None, ttt_steps=int(ttt_steps),
             positions=positions, batch_size=int(batch_size), batching=str(batching), max_len=int(max_len),
@@ -70,7 +134,9 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
             grad_clip=float(grad_clip), seed=int(seed), val_data=val_data, val_fraction=float(val_fraction),
             eval_every=int(eval_every), save_every=int(save_every), resume=bool(resume), device=device,
             online_target=online_target, stop_after=int(stop_after) if stop_after else None,
-            min_lr_frac=float(min_lr_frac))
+            min_lr_frac=float(min_lr_frac), amp=str(amp), compile=str(compile), loss_chunk=int(loss_chunk),
+            profile=bool(profile), resume_from=resume_from, pieces_out=pieces_out, piece_mib=float(piece_mib),
+            new_data=bool(new_data))
         if int(nproc) > 1:
             report = training.launch(cfg, int(nproc), progress=not json)
         else:
@@ -78,12 +144,17 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
         fields = training.baseline_fields(report)
         config = {k: v for k, v in report["config"].items() if k not in ("stop_after",)}
         config.update(nproc=int(nproc), device=report["device"], threads=threads)
-        doc = {"out": cfg.out, "step": report["step"], "val": report["val"], "mapping": report["mapping"],
+        doc = {"out": cfg.out, "drafter": None if report.get("stopped_early") else str(Path(cfg.out) / "drafter"),
+               "step": report["step"], "val": report["val"], "mapping": report["mapping"],
                "notes": report["notes"], "throughput": report["throughput"]}
         doc.update(finish(kind="finetune", record=record, compare=compare, config=config,
                           metrics=fields["metrics"], series=fields["series"], noise=training.NOISE,
                           summary=fields["summary"]))
     text = training.render_text(report)
+    if report.get("stopped_early"):  # no drafter folder yet: say where the run stands and how it goes on
+        text = text.rsplit("\ndrafter: ", 1)[0] + (
+            f"\nstopped after {report['step']} of {report['total_steps']} steps (--stop-after): no drafter yet; "
+            f"the checkpoint is in {cfg.out}/checkpoints; continue with the same options and --resume")
     if "recorded" in doc:
         text += f"\nrecorded {doc['baseline_id']} -> {doc['recorded']}"
     if "comparison_text" in doc:

@@ -56,8 +56,9 @@ def random(c, out, name="smollm2-135m", seed="0", dtype="bfloat16", json=False):
     with cli_errors():
         from eaglekb.models.random_copy import random_copy
 
-        from runbooks._common import parse_int
+        from runbooks._common import claim, parse_int
 
+        claim(out, "--out", folder=True, what="model folder")  # new or empty only (no --force here)
         doc = random_copy(name, out, seed=parse_int(seed, "--seed") or 0, dtype=dtype)
     emit(doc, f"random copy of {doc['source']} ({doc['parameters_count']:,} parameters, seed {doc['seed']}, "
               f"{doc['dtype']}) -> {doc['out']}", json)

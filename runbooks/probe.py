@@ -17,7 +17,7 @@ def _one_float(value, option):
     default=True,
     help={
         "target": "target model: embedded name (smollm2-135m), folder or repo id",
-        "drafter": "drafter folder (SGLang/SpecForge or speculators format); default drafters/smollm2-135m-default",
+        "drafter": "drafter folder (SGLang/SpecForge or speculators format); default: the target's own (drafters/smollm2-135m-default; for qwen2.5-coder-0.5b .eaglekb/drafters/qwen2.5-coder-0.5b, kept outside the repository)",
         "reference_drafter": "a second drafter to judge against (same target)",
         "prompts": "held-out prompts: gsm8k-eval, humaneval, builtin, or a prompts file (text or JSON lines)",
         "num_prompts": "how many prompts (default 8)",
@@ -41,10 +41,10 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
     """Offline (teacher-forced) and online acceptance, exactness, and viable-or-not against break-even."""
     with cli_errors():
         from eaglekb.measure import probe as lib
-        from eaglekb.measure.setup import DEFAULT_DRAFTER
+        from eaglekb.measure.setup import default_drafter
 
         cfg = lib.ProbeConfig(
-            target=target, drafter=drafter or DEFAULT_DRAFTER, reference_drafter=reference_drafter,
+            target=target, drafter=drafter or default_drafter(target), reference_drafter=reference_drafter,
             prompts=prompts, num_prompts=parse_int(num_prompts, "--num-prompts"),
             max_new_tokens=parse_int(max_new_tokens, "--max-new-tokens"), steps=parse_int(steps, "--steps"),
             topk=parse_int(topk, "--topk"), draft_tokens=parse_int(draft_tokens, "--draft-tokens"),

@@ -5,9 +5,27 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, finish_text, task
+from runbooks._common import claim, cli_errors, emit, finish, finish_text, task
 
 
+def _remap_into(R, drafter, new_map, out, *, inputs: list, **kw) -> dict:
+    """Remap into a new folder beside ``out``, then swap it in (``eaglekb.io.files.replace_folder``): an
+    existing drafter at ``out`` (replaced only with --force, only if it is an untracked drafter folder) stays
+    until the new one is in place, so a kill at any moment leaves one of the two."""
+    import shutil
+
+    from eaglekb.formats.drafter import is_drafter_folder
+    from eaglekb.io.files import new_sibling, replace_folder
+
+    out = claim(out, "--out", folder=True, ours=is_drafter_folder, what="drafter folder",
+                inputs=[i for i in inputs if i is not None])
+    staging = new_sibling(out)
+    try:
+        report = R.remap_drafter(drafter, new_map, staging, force=False, **kw)
+        replace_folder(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return dict(report, out=str(out))
 
 @task(
     default=True,
@@ -42,8 +60,8 @@ def remap(c, drafter, mapping, out, init=None, target=None, source_counts=None, 
             from eaglekb.models import sources
 
             target_path = sources.resolve(target)
-        report = R.remap_drafter(drafter, new_map, out, init=init, target=target_path, source_counts=counts,
-                                 force=force)
+        report = _remap_into(R, drafter, new_map, out, init=init, target=target_path, source_counts=counts,
+                             inputs=[drafter, mapping, source_counts, target_path])
         doc = dict(report)
         if record or compare:
             metrics = {k + "_count": report[k] for k in ("kept", "moved", "stayed", "new", "dropped")}
@@ -69,7 +87,7 @@ def remap(c, drafter, mapping, out, init=None, target=None, source_counts=None, 
         "train_corpus": "prompts the fitted head trains on, repeatable (default wiki, chitchat); train split",
         "train_limit": "prompts per train corpus for the fitted head (default 300)",
         "fit_steps": "Adam steps for the fitted head (default 600; 0 skips it)",
-        "out": "also write the source and remapped drafter folders under this folder",
+        "out": "also write the source and remapped drafter folders under this folder (an earlier one: --force)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/remap/NAME.json",
         "compare": "compare with baselines/remap/NAME.json",
@@ -82,6 +100,9 @@ def measure(c, mapping_a, mapping_b, target="smollm2-135m", eval_corpus=None, ev
     with cli_errors():
         from eaglekb.measure import remap_check as M
 
+        if out:  # it writes source-a/, mapping-b.safetensors and remapped-b/ there
+            claim(out, "--out", folder=True, ours=lambda p: (p / "remapped-b").is_dir(), what="remap check folder",
+                  inputs=[mapping_a, mapping_b])
         result = M.measure(mapping_a, mapping_b, target=target, eval_corpora=eval_corpus or ["gsm8k-eval"],
                            eval_limit=int(eval_limit), train_corpora=train_corpus or ["wiki", "chitchat"],
                            train_limit=int(train_limit), fit_steps=int(fit_steps), out=out, progress=not json)

@@ -64,6 +64,8 @@ def install(c, pieces, target, force=False, json=False):
         "topk": "--speculative-eagle-topk (default 1)",
         "draft_tokens": "--speculative-num-draft-tokens (default steps + 1 for a chain)",
         "port": "port on 127.0.0.1 (default 30000)",
+        "tp": "tensor-parallel GPUs (SGLang --tp, default 1)",
+        "trust_remote_code": "let the server run the model repository's own code (SGLang --trust-remote-code)",
         "site": "the serving stack's folder (invoke sglang.install), put on the server's PYTHONPATH only",
         "dtype": "bfloat16 (default), float16 or float32",
         "mem_fraction_static": "SGLang --mem-fraction-static (default: SGLang's)",
@@ -76,11 +78,12 @@ def install(c, pieces, target, force=False, json=False):
         "python": "interpreter for the server (default: this one)",
         "json": "print one JSON document as the last line",
     },
-    options={"port": whole(1, 65535), "timeout_s": whole(1, 86400), "max_total_tokens": whole(1, 1 << 40),
+    options={"port": whole(1, 65535), "tp": whole(1, 1024), "timeout_s": whole(1, 86400), "max_total_tokens": whole(1, 1 << 40),
              "cuda_graph_max_bs": whole(1, 1 << 16), "dtype": one_of("bfloat16", "float16", "float32"),
              "mem_fraction_static": lambda v, o: _fraction(v, o), "extra": text},
 )
-def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens=None, port=30000, site=None,
+def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens=None, port=30000, tp=1,
+           trust_remote_code=False, site=None,
            dtype="bfloat16", mem_fraction_static=None, max_total_tokens=None, cuda_graph_max_bs=None,
            disable_cuda_graph=False, disable_prefill_cuda_graph=False, extra="", timeout_s=600, python=None,
            json=False):
@@ -95,7 +98,8 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
 
         model = check_drafter_fits(target, drafter)
         cfg = LaunchConfig(model_path=str(model), draft_model_path=drafter, steps=steps, topk=topk,
-                           draft_tokens=draft_tokens, port=port, dtype=dtype, mem_fraction_static=mem_fraction_static,
+                           draft_tokens=draft_tokens, port=port, tp=tp, trust_remote_code=bool(trust_remote_code),
+                           dtype=dtype, mem_fraction_static=mem_fraction_static,
                            max_total_tokens=max_total_tokens, cuda_graph_max_bs=cuda_graph_max_bs,
                            disable_cuda_graph=bool(disable_cuda_graph),
                            disable_prefill_cuda_graph=bool(disable_prefill_cuda_graph), disable_radix_cache=True,
@@ -151,6 +155,6 @@ def profile(c, url="http://127.0.0.1:30000", target="smollm2-135m", prompts="gsm
         res = profile_split(url, target, prompts, max_new_tokens, num_steps, out)
         doc = {"metrics": res["metrics"], "config": res["config"]}
         doc.update(finish(kind="bench", record=record, compare=compare, config=res["config"], metrics=res["metrics"],
-                          noise={"repeats": 1, "spread_kind": "cycles", "spread": {}, "tolerance_rel": 0.25},
+                          noise={"repeats": 1, "spread_kind": "none", "spread": {}, "tolerance_rel": 0.25},
                           summary=res["summary"]))
     emit(doc, res["summary"] + f"\n  trace {res['config']['trace']}" + finish_text(doc), json)

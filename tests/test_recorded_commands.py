@@ -44,6 +44,22 @@ def test_every_baseline_records_a_command_that_runs(producers):
     assert len(BASELINES) >= 50
 
 
+REPRODUCE = {f"{p.parent.name}/{p.stem}": json.loads(p.read_text())["provenance"].get("reproduce")
+             for p in sorted((ROOT / "baselines").glob("*/*.json"))}
+
+
+def test_every_measured_baseline_carries_a_reproduce_command_that_runs_and_writes_nothing(producers):
+    measured = {bid: cmd for bid, cmd in REPRODUCE.items() if cmd is not None}
+    assert len(measured) >= 50
+    for bid, cmd in measured.items():
+        assert "--record" not in cmd.split() and "--force" not in cmd.split(), (bid, cmd)
+        if "--record" in BASELINES[bid] and not cmd.startswith("invoke models.prepare"):
+            assert f"--compare {bid.split('/')[1]}" in cmd or "--compare" in cmd, (bid, cmd)
+    bad = {bid: p for bid, cmd in measured.items() if (p := _check(cmd, producers))}
+    assert not bad, "reproduce commands that cannot run:\n" + "\n".join(
+        f"{bid}: {measured[bid]}\n    " + "\n    ".join(p) for bid, p in bad.items())
+
+
 def test_every_finding_reproduces_with_commands_that_run(producers):
     bad = {(fid, cmd): p for fid, f in FINDINGS.items() for cmd in f.reproduce if (p := _check(cmd, producers))}
     assert not bad, "\n".join(f"{fid}: {cmd}: {p}" for (fid, cmd), p in bad.items())

@@ -19,6 +19,15 @@ Placeholders (in any Markdown page):
   {{ version }}                 eaglekb version and the git commit of baselines/
   {{ next_steps }}              the game plan's next steps with their commands (docs/plan.md front matter)
   {{ recipe ID }}               a recipe's ordered steps: command and expected output (a page's front matter)
+  {{ config KIND/NAME PATH }}   one config value of a baseline (a setting, such as the plan's cycle_ms)
+  {{ current [default] }}       the current view: newest result per setup (default: the default drafter's)
+  {{ quote TEXT }}              a figure quoted as written (a goal or budget, not a result), let through the
+                                hand-typed figure check of the present-state pages
+
+Pages that state the project's present numbers (eaglekb.kb.pages.PRESENT_PAGES: home, agents, plan) take every
+figure from a placeholder, and none of their placeholders may present a superseded result (the build fails
+with one line naming the page). Findings appear in the navigation on their own: every findings/F*.md after
+findings/index.md, in order; a finding missing from it fails the build.
 
 Also generated: knowledge.json (findings, baselines, plan, recipes; see eaglekb.kb.knowledge), a copy of
 every baseline JSON file beside its page, and llms.txt / llms-full.txt rewritten after the llmstxt
@@ -32,7 +41,6 @@ import json
 import os
 import posixpath
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -47,7 +55,10 @@ os.environ.setdefault("EAGLEKB_ROOT", str(ROOT))
 from eaglekb import __version__  # noqa: E402
 from eaglekb.kb import render  # noqa: E402
 from eaglekb.kb import baselines as bl
+from eaglekb.kb import current as cv
+from eaglekb.kb import diff
 from eaglekb.kb import knowledge
+from eaglekb.kb import pages
 from eaglekb.measure.setup import DEFAULT_DRAFTER  # noqa: E402
 from eaglekb.models.sources import DEFAULT_TARGET  # noqa: E402
 from eaglekb.io.errors import EaglekbError  # noqa: E402
@@ -63,8 +74,11 @@ def _fail(exc: EaglekbError | str) -> PluginError:
 def on_config(config):
     docs = Path(config["docs_dir"])
     try:
-        STATE["baselines"] = bl.load_all(ROOT)
+        STATE["baselines"] = bl.load_all(ROOT, current=True)
+        STATE["current"] = cv.view(STATE["baselines"])
+        STATE["superseded"] = cv.superseded(STATE["baselines"], STATE["current"])
         STATE["findings"] = knowledge.load_findings(docs / "findings")
+        _nav_findings(config, sorted(STATE["findings"]))
         STATE["plan"] = knowledge.load_plan(docs / "plan.md")
         STATE["recipes"] = knowledge.load_recipes(docs)
         knowledge.check_evidence(STATE["findings"], STATE["baselines"], STATE["plan"])
@@ -76,6 +90,44 @@ def on_config(config):
         # selector would only ask for it and log a 404 on every page. Versioned builds keep the selector.
         (config.get("extra") or {}).pop("version", None)
     return config
+
+
+def _nav_findings(config, ids: list[str]) -> None:
+    """The Findings section of the navigation: its index, then every finding page in order (no hand-kept list)."""
+    for entry in config.get("nav") or []:
+        if isinstance(entry, dict) and "Findings" in entry:
+            entry["Findings"] = ["findings/index.md", *(f"findings/{fid}.md" for fid in ids)]
+
+
+def on_nav(nav, config, files):
+    listed = {page.file.src_uri for page in nav.pages}
+    for fid in sorted(STATE["findings"]):
+        if f"findings/{fid}.md" not in listed:
+            raise _fail(EaglekbError("finding is not in the site navigation", where=f"docs/findings/{fid}.md",
+                                     expected="a Findings section in mkdocs.yml nav (filled in by the build)",
+                                     found="no nav entry"))
+    return nav
+
+
+def _default_drafter_sha() -> str | None:
+    """The default drafter's content hash: its files here, else as git holds them (they may be away)."""
+    from eaglekb.kb.history import Git
+    from eaglekb.measure import provenance as prov
+
+    found = prov.input_identity("drafter", DEFAULT_DRAFTER, ROOT)
+    if found.get("sha256"):
+        return found["sha256"]
+    git = Git(ROOT)
+    blobs = git.blobs("HEAD", DEFAULT_DRAFTER, "drafter") if git.ok else None
+    return git.sha(blobs)[0] if blobs else None
+
+
+def _headline(f) -> str | None:
+    """A finding's headline number (its own, placeholders rendered), else its first evidence's summary."""
+    if f.headline:
+        return f.headline
+    first = STATE["baselines"].get(f.evidence[0])
+    return f"{first.id}: {first.summary}" if first is not None and first.summary else None
 
 
 def _page_path(bid: str) -> str:
@@ -119,13 +171,23 @@ def on_files(files, config):
                 files.append(File.generated(config, path, content=_plot_svg(baseline, series)))
                 STATE["plots"][(bid, series)] = path
                 rels.append(posixpath.relpath(path, posixpath.dirname(_page_path(bid))))
-            page = render.baseline_page(baseline, rels) + f"\nThe JSON file itself: [{baseline.name}.json]({baseline.name}.json).\n"
+            page = render.baseline_page(baseline, rels, STATE["superseded"].get(bid)) + \
+                f"\nThe JSON file itself: [{baseline.name}.json]({baseline.name}.json).\n"
             files.append(File.generated(config, _page_path(bid), content=page))
             # The baseline file as it is in baselines/, published beside its page (knowledge.json links it).
             files.append(File.generated(config, knowledge.baseline_urls(bid)["json"],
                                         content=bl.read_text(bl.path_for(bid, ROOT))))
-        defaults = {"target": DEFAULT_TARGET, "drafter": DEFAULT_DRAFTER, "probe": f"probe/{_default_probe()}"}
-        index = knowledge.index(STATE["findings"], STATE["baselines"], STATE["plan"], STATE["recipes"], defaults)
+        STATE["default_sha"] = _default_drafter_sha()
+        defaults = {"target": DEFAULT_TARGET, "drafter": DEFAULT_DRAFTER, "probe": f"probe/{_default_probe()}",
+                    "drafter_sha256": STATE["default_sha"]}
+        plan = STATE["plan"].model_copy(update={"next_steps": [s.model_copy(update={
+            "title": _plain(s.title, "plan.md: next_steps"), "why": _plain(s.why, "plan.md: next_steps")})
+            for s in STATE["plan"].next_steps]})
+        findings = {fid: f.model_copy(update={"headline": _plain(f.headline, f.page) if f.headline else _headline(f)})
+                    for fid, f in STATE["findings"].items()}
+        STATE["plain_findings"] = findings
+        index = knowledge.index(findings, STATE["baselines"], plan, STATE["recipes"], defaults,
+                                STATE["current"], STATE["superseded"])
         files.append(File.generated(config, "knowledge.json", content=json.dumps(index, indent=2, sort_keys=True) + "\n"))
     except EaglekbError as exc:
         raise _fail(exc) from None
@@ -159,6 +221,7 @@ def _finding_box(f: knowledge.Finding, page_uri: str) -> str:
         f"# {f.id}: {render.safe(f.title, 500)}", "",
         f'!!! {kind} "Status: {f.status}"',
         f"    **Claim.** {render.safe(f.claim, 5000)}", "",
+        *([f"    **Headline.** {render.safe(_plain(f.headline, f.page), 1000)}", ""] if f.headline else []),
         f"    **Scope.** {render.safe(f.scope, 5000)}", "",
         f"    **Why {f.status}.** {render.safe(f.status_reason, 5000)}", "",
         f"    **Evidence.** {evidence}", "",
@@ -206,12 +269,46 @@ def _table_cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
-def _next_steps(page_uri: str) -> str:
+def _rich(text: str, page, limit: int) -> str:
+    """Front-matter text for a page: its placeholders rendered, everything else escaped as data."""
+    out, last = [], 0
+    for m in PLACEHOLDER.finditer(text):
+        out += [render.safe(text[last:m.start()], limit) if m.start() > last else "", _replace(m, page)]
+        last = m.end()
+    return "".join(out) + (render.safe(text[last:], limit) if last < len(text) else "")
+
+
+def _plain(text: str | None, where: str | None) -> str | None:
+    """Front-matter text for knowledge.json and llms.txt: placeholders as plain values (metric, config, cite,
+    finding, quote); any other placeholder is refused."""
+    if text is None:
+        return None
+
+    def one(m: re.Match) -> str:
+        name, args = m.group(1), m.group(2).split()
+        at = f"{where}: {m.group(0)}"
+        if name in ("metric", "config") and len(args) == 2:
+            return (render.metric_text(_baseline(args[0], at), args[1]) if name == "metric"
+                    else render.config_text(_baseline(args[0], at), args[1], at))
+        if name == "cite" and len(args) == 1:
+            return _baseline(args[0], at).id
+        if name == "finding" and len(args) == 1 and args[0] in STATE["findings"]:
+            return f"{args[0]} ({STATE['findings'][args[0]].status})"
+        if name == "quote" and args:
+            return " ".join(args)
+        raise EaglekbError("placeholder not allowed in front matter text", where=at,
+                           expected="metric, config, cite, finding or quote", found=name)
+
+    return PLACEHOLDER.sub(one, text)
+
+
+def _next_steps(page) -> str:
     """The game plan's next steps (docs/plan.md front matter), numbered, each with its commands."""
+    page_uri = page.file.src_uri
     out = []
     for i, step in enumerate(STATE["plan"].next_steps, 1):
         cites = ", ".join(f"[{b}]({_link(page_uri, _page_path(b))})" for b in step.evidence)
-        out += [f"{i}. **{render.safe(step.title, 500)}** {render.safe(step.why, 2000)}"
+        out += [f"{i}. **{_rich(step.title, page, 500)}** {_rich(step.why, page, 2000)}"
                 + (f" Builds on {cites}." if cites else ""), "",
                 "    ```bash", *[f"    {c}" for c in step.commands], "    ```", ""]
     return "\n".join(out)
@@ -230,37 +327,6 @@ def _recipe(rid: str, where: str) -> str:
             out += ["Or:", "", "```bash", step.alternative, "```", ""]
         out += [f"**Expect.** {step.expect}", ""]
     return "\n".join(out)
-
-
-def _schema() -> str:
-    units = "\n".join(f"| `{u}` | {desc} | {better} |" for u, (desc, better) in bl.UNITS.items())
-    kinds = "\n".join(f"| `{k}` | {desc} |" for k, desc in bl.KINDS.items())
-    schema = json.dumps(bl.json_schema(), indent=2, sort_keys=True)
-    return (
-        f"### Kinds\n\n| kind | holds |\n|---|---|\n{kinds}\n\n"
-        f"### Metric units\n\nEvery metric name ends in one of these suffixes.\n\n"
-        f"| suffix | unit | better by default |\n|---|---|---|\n{units}\n\n"
-        "### Better direction\n\nA baseline's `better` map decides; otherwise the first of these words found in the "
-        "metric's dotted path, in this order; otherwise the unit's default above.\n\n"
-        "| word | better |\n|---|---|\n" + "\n".join(f"| `{w}` | {d} |" for w, d in bl.NAME_RULES) + "\n\n"
-        f"### JSON Schema (v{bl.SCHEMA_VERSION})\n\n```json\n{schema}\n```\n"
-    )
-
-
-def _git_commit(path: str) -> str:
-    try:
-        out = subprocess.run(["git", "log", "-1", "--format=%h %cs", "--", path], cwd=ROOT,
-                             capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-    except OSError:
-        out = ""
-    if not out:
-        return "uncommitted"
-    try:  # a build from a working tree with edited baselines shows numbers no commit has
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", path], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
-    except OSError:
-        dirty = ""
-    return out + (" plus uncommitted changes" if dirty else "")
 
 
 def _replace(match: re.Match, page) -> str:
@@ -316,10 +382,37 @@ def _replace(match: re.Match, page) -> str:
         return _commands()
     if name == "schema":
         need(0)
-        return _schema()
+        return render.schema_reference()
+    return _replace_more(name, args, where, page)
+
+
+def _replace_more(name: str, args: list[str], where: str, page) -> str:
+    """The placeholders of the game plan and the current view (``_replace`` handles the others)."""
+    uri = page.file.src_uri
+
+    def need(n):
+        if len(args) != n:
+            raise EaglekbError("placeholder takes %d argument(s)" % n, where=where, found=str(len(args)))
+
     if name == "next_steps":
         need(0)
-        return _next_steps(uri)
+        return _next_steps(page)
+    if name == "config":
+        need(2)
+        return render.safe(render.config_text(_baseline(args[0], where), args[1], where))
+    if name == "quote":
+        if not args:
+            raise EaglekbError("placeholder takes the quoted text", where=where, found="nothing")
+        return render.safe(" ".join(args))
+    if name == "current":
+        if args not in ([], ["default"]):
+            raise EaglekbError("placeholder takes nothing or 'default'", where=where, found=" ".join(args))
+        rows = STATE["current"]
+        if args:
+            sha = STATE.get("default_sha")
+            rows = [r for r in rows if (r["drafter"] or {}).get("sha256") == sha or (
+                r["drafter"] is None and (r["target"] or {}).get("path") == DEFAULT_TARGET)]
+        return cv.table(rows, lambda bid: _link(uri, _page_path(bid)))
     if name == "recipe":
         need(1)
         return _recipe(args[0], where)
@@ -327,7 +420,7 @@ def _replace(match: re.Match, page) -> str:
         need(0)
         docs = os.environ.get("MIKE_DOCS_VERSION")  # set by mike (`invoke docs.deploy`)
         return (f"eaglekb {__version__}" + (f" (docs version {docs})" if docs else "")
-                + f", baselines at commit {_git_commit('baselines')}")
+                + f", baselines at commit {diff.last_commit(ROOT, 'baselines')}")
     raise EaglekbError("unknown placeholder", where=where, expected="one of the names in docs/hooks/eaglekb_hooks.py", found=name)
 
 
@@ -339,6 +432,11 @@ def on_post_build(config):
     plugin = config["plugins"].get("llmstxt")
     bases = [config.get("site_url") or "", getattr(plugin, "_base_url", "") or ""]
     pages = [p for p in site.rglob("index.md") if (p.parent / "index.html").is_file()]  # the plugin's copies
+    llms = site / "llms.txt"
+    if llms.is_file():
+        findings = [knowledge.finding_line(f, _headline(f)) for f in STATE["plain_findings"].values()]
+        llms.write_text(knowledge.llms_txt(llms.read_text(encoding="utf-8"), findings,
+                                           [knowledge.current_line(r) for r in STATE["current"]]), encoding="utf-8")
     for path in [site / "llms.txt", site / "llms-full.txt", *pages]:
         if path.is_file():
             folder = path.parent.relative_to(site).as_posix() if path.name == "index.md" else ""
@@ -347,8 +445,35 @@ def on_post_build(config):
             path.write_text(text, encoding="utf-8")
 
 
+def _check_present(markdown: str, page) -> None:
+    """A page that states present numbers: no hand-typed figure, no placeholder presenting a superseded result."""
+    uri = page.file.src_uri
+    texts = [("", markdown)]
+    if uri == "plan.md":
+        plan = STATE["plan"]
+        texts += [("current_phase", plan.current_phase), ("decision_rule", plan.decision_rule)]
+        texts += [(f"next_steps[{i}]", f"{s.title} {s.why}") for i, s in enumerate(plan.next_steps, 1)]
+    for field, text in texts:
+        for line, figure in pages.hand_typed_figures(text):
+            at = f"docs/{uri}:{line}" if not field else f"docs/{uri}: front matter {field}"
+            raise EaglekbError("hand-typed figure on a page that states present numbers", where=at,
+                               expected="every figure from a baseline ({{ metric ... }}, {{ config ... }}) or "
+                               "{{ quote ... }} for a goal as written", found=repr(figure))
+        for m in PLACEHOLDER.finditer(text):
+            name, args = m.group(1), m.group(2).split()
+            if name in ("metric", "cite", "table", "plot") and args:
+                why = pages.stale(args[0], args[1] if name == "metric" and len(args) > 1 else None,
+                                  STATE["baselines"], STATE["current"], STATE["superseded"])
+                if why:
+                    raise EaglekbError("page presents a superseded result as current", where=f"docs/{uri}: "
+                                       f"{m.group(0)}", expected="the current result ({{ current }})",
+                                       found=f"superseded: {why}")
+
+
 def on_page_markdown(markdown, page, config, files):
     try:
+        if page.file.src_uri in pages.PRESENT_PAGES:
+            _check_present(markdown, page)
         if page.file.src_uri.startswith("findings/F"):
             f = knowledge.parse_finding(page.meta, page.file.src_uri)
             # Material reads `status` as its own page-status marker (an icon in the nav): keep ours apart.

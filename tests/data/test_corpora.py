@@ -185,3 +185,13 @@ def test_overlap_detected_by_message():
         {"role": "user", "content": "  " + text.upper()}))])
     with pytest.raises(BadInput, match="chitchat-eval"):
         corpora.check_disjoint(train, corpora.load("wiki", split="eval"), ev)
+
+
+def test_gsm8k_code_is_gsm8k_as_programming_tasks_split_as_gsm8k():
+    train = corpora.load("gsm8k-code", variants=0)
+    held = corpora.load("gsm8k-code", split="eval", variants=0)
+    assert (len(train), len(held)) == (1119 * len(corpora.CODE_TEMPLATES), 200 * len(corpora.CODE_TEMPLATES))
+    assert all("Python" in p.messages[0]["content"] for p in train.prompts)
+    questions = {q for _, q in corpora._read_jsonl_questions(corpora.data_path(corpora.SOURCES["gsm8k"]))[:200]}
+    assert not any(q in p.messages[0]["content"] for q in questions for p in train.prompts[:300])
+    assert corpora.load("gsm8k-code").manifest["variants"] == 1

@@ -475,3 +475,69 @@ def test_real_remap_keeps_every_kept_prediction(tmp_path):
         assert check["kept_rows_agree_frac"] == 1.0, method
         assert check["bound_holds"], method
     assert results["target"]["new_acc"] >= results["zeros"]["new_acc"]
+
+
+# ----------------------------------------------------------------------------- held-out split by prompt
+
+
+def test_prompt_of_strips_only_the_sample_suffix():
+    assert V.prompt_of("gsm8k-code:0042") == "gsm8k-code:0042"
+    assert V.prompt_of("gsm8k-code:0042@t0.8#1") == "gsm8k-code:0042"
+    assert V.prompt_of("odd@tname:1") == "odd@tname:1"  # not a datagen suffix
+    ids = [f"s:{i}" for i in range(400)]
+    share = sum(V.held_out(i, 5) for i in ids) / len(ids)
+    assert 0.12 < share < 0.28 and V.held_out("s:7@t0.8#1", 5) == V.held_out("s:7", 5)
+
+
+@pytest.fixture(scope="module")
+def sampled_dataset(tmp_path_factory):
+    """A tiny datagen dataset with a greedy and a sampled response per prompt (ids in every shard)."""
+    from helpers.datagen import make_target, prompts, small_cfg
+
+    from eaglekb.data import datagen, generation
+
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("heldout")
+    target = generation.load_target(make_target(root / "tiny"), dtype="float32")
+    out = root / "data"
+    datagen.run(target, prompts(8), out, small_cfg(generator="engine", sample_temperatures=(0.8,), features="online"),
+                progress=False)
+    return out
+
+
+def test_holdout_partitions_by_prompt(sampled_dataset):
+    from eaglekb.formats.shards import open_dataset, shard_sequence_ids
+
+    full = V.counts_from_dataset(sampled_dataset)
+    k = 3
+    train = V.counts_from_dataset(sampled_dataset, holdout=k, part="train")
+    held = V.counts_from_dataset(sampled_dataset, holdout=k, part="heldout")
+    assert torch.equal(train.counts + held.counts, full.counts)
+    ds = open_dataset(sampled_dataset)
+    ids = [i for f in ds.shard_files for i in shard_sequence_ids(f)]
+    assert len(ids) == 16 and sum("@t0.8#1" in i for i in ids) == 8
+    n_held = sum(V.held_out(i, k) for i in ids)
+    assert (train.meta["samples_count"], held.meta["samples_count"]) == (16 - n_held, n_held)
+    assert n_held % 2 == 0 and held.meta["split"] == {"holdout_every": 3, "part": "heldout", "by": "sha256 of the prompt id"}
+    two = V.counts_from_datasets([sampled_dataset, sampled_dataset], holdout=k)
+    assert torch.equal(two.counts, 2 * train.counts) and two.meta["samples_count"] == 2 * (16 - n_held)
+    with pytest.raises(BadInput):
+        V.counts_from_dataset(sampled_dataset, holdout=1)
+
+
+def test_vocab_build_reports_heldout_coverage(sampled_dataset, tmp_path):
+    from helpers.hostile import run_cli
+
+    out = tmp_path / "m.safetensors"
+    res = run_cli(["vocab.build", "--dataset", str(sampled_dataset), "--holdout", "3", "--draft-vocab-size", "8",
+                   "--out", str(out), "--json"])
+    assert res.code == 0, res.err
+    doc = json.loads(res.out.strip().splitlines()[-1])
+    held = V.counts_from_dataset(sampled_dataset, holdout=3, part="heldout")
+    mapping = FM.load_mapping(out)
+    assert torch.equal(mapping.counts.counts, V.counts_from_dataset(sampled_dataset, holdout=3).counts)
+    assert doc["heldout_coverage_pct"] == round(100 * MC.coverage(mapping, held), 4)
+    assert doc["heldout_tokens_count"] == held.total > 0
+    text = run_cli(["vocab.build", "--counts", str(out), "--heldout", str(sampled_dataset), "--holdout", "3",
+                    "--draft-vocab-size", "8", "--out", str(tmp_path / "again.safetensors")]).out
+    assert f"held-out: top 8 cover {doc['heldout_coverage_pct']:.2f}% of {held.total:,} loss tokens" in text

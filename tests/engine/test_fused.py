@@ -1,4 +1,5 @@
-"""The fused greedy chain cycle: same tokens and accept lengths as the named steps, for every accept length."""
+"""The fused greedy cycles (chain and tree): same tokens, trees and accept lengths as the named steps, for every
+accept length."""
 
 from __future__ import annotations
 
@@ -10,18 +11,23 @@ import torch
 from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine.draft import DraftModel
-from eaglekb.engine.fused import FusedChain
+from eaglekb.engine.fused import FusedChain, FusedTree
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.model import TargetModel
+from eaglekb.io.errors import BadInput
 from eaglekb.models.target import default_capture_points
 
 CONFIGS = {"llama": tiny_llama_config, "qwen2": tiny_qwen2_config}
 
 
-def _pair(kind="llama", max_len=128):
+def _pair(kind="llama", max_len=128, sharp: float = 1.0):
+    """A tiny target and drafter; ``sharp`` scales the drafter's lm_head (peaked drafts: trees reach every depth)."""
     cfg = CONFIGS[kind](max_position_embeddings=max_len)
     tm = TargetModel(tiny_causal_lm(cfg), default_capture_points(cfg.num_hidden_layers), max_len)
-    return tm, DraftModel(tiny_drafter(cfg), tm)
+    drafter = tiny_drafter(cfg)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(sharp)
+    return tm, DraftModel(drafter, tm)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -36,7 +42,7 @@ def test_fused_chain_equals_named_steps_and_greedy(kind, steps):
         b = Engine(tm, dm, fused=False).speculative(prompt, 40, SpecConfig(steps=steps))
         assert a.tokens == b.tokens == want
         assert a.accept_lens == b.accept_lens and a.accepted_per_depth == b.accepted_per_depth
-        assert steps in fused._fused and len(a.accept_lens) > 1  # the fused cycle ran after the first
+        assert (steps, 1, steps + 1) in fused._fused and len(a.accept_lens) > 1  # the fused cycle ran after the first
 
 
 def test_fused_cycle_is_exact_for_every_accept_length():
@@ -45,7 +51,7 @@ def test_fused_cycle_is_exact_for_every_accept_length():
     steps, prompt = 4, list(range(5, 16))
     eng = Engine(tm, dm, fused=True)
     want = eng.generate(prompt, 90).tokens
-    fc = eng._fused[steps] = FusedChain(eng, steps)
+    fc = eng._fused[(steps, 1, steps + 1)] = FusedChain(eng, steps)
     real, rng = fc.draft, random.Random(0)
 
     def oracle(meta, aux):
@@ -65,10 +71,126 @@ def test_fused_cycle_is_exact_for_every_accept_length():
     assert got.accepted_per_depth[0] >= got.accepted_per_depth[-1] > 0
 
 
-def test_fused_is_off_for_trees_sampling_and_by_default_on_cpu():
+TREES = [SpecConfig(steps=3, topk=2), SpecConfig(steps=4, topk=3, draft_tokens=8), SpecConfig(steps=1, topk=3),
+         SpecConfig(steps=4, topk=4, draft_tokens=16), SpecConfig(steps=5, topk=4, draft_tokens=3)]
+
+
+def _fused_trees(fc: FusedTree) -> list:
+    """Record the trees the fused draft program hands the verify, as (tokens, parents, depths)."""
+    seen, real = [], fc.draft
+
+    def record(meta, aux):
+        vids, depth, prow, base = real(meta, aux)
+        n = fc.nodes
+        seen.append((vids[1:n + 1].tolist(), (prow[1:n + 1] - 1).tolist(), depth[1:n + 1].tolist()))
+        return vids, depth, prow, base
+
+    fc.draft = record
+    return seen
+
+
+@pytest.mark.parametrize("kind,sharp", [("llama", 1.0), ("llama", 20.0), ("qwen2", 20.0)])
+@pytest.mark.parametrize("spec", TREES, ids=lambda s: f"s{s.steps}k{s.topk}n{s.draft_tokens}")
+def test_fused_tree_drafts_the_named_steps_trees_and_tokens(kind, sharp, spec):
+    """Cycle by cycle the fused tree program drafts the very tree of ``Drafting.tree`` (nodes, parents, depths,
+    order), and the tokens and accept lengths equal the named steps' and plain greedy decoding. A flat drafter keeps
+    wide trees, a sharp one deep trees (every depth up to the budget)."""
+    tm, dm = _pair(kind, sharp=sharp)
+    prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(1)).tolist()
+    want = Engine(tm).generate(prompt, 40).tokens
+    named = Engine(tm, dm, fused=False)
+    trees, real = [], named.drafting.tree
+
+    def record(*args, **kw):
+        t = real(*args, **kw)
+        trees.append((t.tokens, t.parents, t.depths))
+        return t
+
+    named.drafting.tree = record
+    b = named.speculative(prompt, 40, spec)
+    fused = Engine(tm, dm, fused=True)
+    fc = fused._fused[(spec.steps, spec.topk, spec.draft_tokens)] = FusedTree(fused, spec.steps, spec.topk,
+                                                                               spec.draft_tokens)
+    seen = _fused_trees(fc)
+    a = fused.speculative(prompt, 40, spec)
+    assert a.tokens == b.tokens == want
+    assert a.accept_lens == b.accept_lens and a.accepted_per_depth == b.accepted_per_depth
+    assert len(seen) == len(trees) - 1 > 0 and seen == trees[1:]  # the first cycle takes the named steps
+    if sharp > 1:
+        assert max(max(depths) for _, _, depths in seen) == min(spec.steps, spec.nodes)
+
+
+def _oracle_tree(steps: int, topk: int, nodes: int, truth: list[int], cut: int, rng: random.Random):
+    """A tree of ``nodes`` nodes: ``topk`` children per depth under the path node, the target's token at a random
+    child up to depth ``cut``, wrong (distinct) tokens elsewhere; (tokens, parent rows, depths) of rows 1..nodes."""
+    toks, prow, depth = [], [], []
+    parent = 0
+    for d in range(1, steps + 1):
+        right = rng.randrange(topk) if d <= cut else -1
+        used = {truth[d - 1]}
+        nxt = len(toks) + 1
+        for c in range(topk):
+            if len(toks) == nodes:
+                break
+            tok = truth[d - 1]
+            if c != right:
+                while tok in used:
+                    tok = rng.randrange(VOCAB)
+                used.add(tok)
+            else:
+                nxt = len(toks) + 1
+            toks.append(tok)
+            prow.append(parent)
+            depth.append(d)
+        parent = nxt
+    while len(toks) < nodes:  # spare budget: wrong children of the root
+        toks.append((truth[0] + 1 + len(toks)) % VOCAB if (truth[0] + 1 + len(toks)) % VOCAB != truth[0] else 0)
+        prow.append(0)
+        depth.append(1)
+    return toks, prow, depth
+
+
+@pytest.mark.parametrize("spec", [SpecConfig(steps=4, topk=3, draft_tokens=13), SpecConfig(steps=3, topk=2)],
+                         ids=lambda s: f"s{s.steps}k{s.topk}n{s.draft_tokens}")
+def test_fused_tree_verify_is_exact_for_every_accept_length(spec):
+    """The drafted tree replaced by one holding the target's continuation at a random child (off-first-child paths)
+    up to a random depth: the verify program's mask, walk and commit give plain greedy for every k in 0..steps."""
+    tm, dm = _pair(max_len=200)
+    prompt = list(range(5, 16))
+    eng = Engine(tm, dm, fused=True)
+    want = eng.generate(prompt, 100).tokens
+    key = (spec.steps, spec.topk, spec.draft_tokens)
+    fc = eng._fused[key] = FusedTree(eng, *key)
+    real, rng = fc.draft, random.Random(2)
+
+    def oracle(meta, aux):
+        vids, depth, prow, base = real(meta, aux)  # the real drafter work, then its tree replaced
+        at = int(base) - len(prompt)
+        truth = [want[at + d] if at + d < len(want) else 0 for d in range(1, spec.steps + 1)]
+        toks, rows, depths = _oracle_tree(spec.steps, spec.topk, fc.nodes, truth, rng.randint(0, spec.steps), rng)
+        n = fc.nodes
+        vids, depth, prow = vids.clone(), depth.clone(), prow.clone()
+        vids[1:n + 1], prow[1:n + 1], depth[1:n + 1] = torch.tensor(toks), torch.tensor(rows), torch.tensor(depths)
+        return vids, depth, prow, base
+
+    fc.draft = oracle
+    got = eng.speculative(prompt, 100, spec)
+    assert got.tokens == want
+    assert set(got.accept_lens[1:]) == set(range(1, spec.steps + 2))
+    assert got.accepted_per_depth[0] >= got.accepted_per_depth[-1] > 0
+
+
+def test_fused_is_on_for_greedy_trees_off_for_sampling_and_by_default_on_cpu():
     tm, dm = _pair()
     assert Engine(tm, dm).fused is False
     eng = Engine(tm, dm, fused=True)
-    eng.speculative([3, 4, 5], 12, SpecConfig(steps=2, topk=2))
     eng.speculative([3, 4, 5], 12, SpecConfig(steps=2, temperature=0.8))
+    eng.speculative([3, 4, 5], 12, SpecConfig(steps=2, topk=2, temperature=0.8))
     assert eng._fused == {}
+    eng.speculative([3, 4, 5], 12, SpecConfig(steps=2, topk=2))
+    assert isinstance(eng._fused[(2, 2, 5)], FusedTree)
+    off = Engine(tm, dm, fused=False)
+    off.speculative([3, 4, 5], 12, SpecConfig(steps=2, topk=2))
+    assert off._fused == {}
+    with pytest.raises(BadInput, match="tree frontier larger than the drafter scratch"):  # (10 - 1) x 8 > 64 slots
+        eng.speculative([3, 4, 5], 12, SpecConfig(steps=10, topk=8, draft_tokens=9))

@@ -33,11 +33,51 @@ def test_compiled_graphed_engine_is_exact_float32(kind):
     assert fast.compiled and fast.generate(prompt, 40).tokens == want
     for spec in (SpecConfig(steps=3), SpecConfig(steps=1), SpecConfig(steps=4, topk=2, draft_tokens=8)):
         assert fast.speculative(prompt, 40, spec).tokens == want
-    assert fast.fused and sorted(fast._fused) == [1, 3]  # greedy chains ran as fused cycles
+    assert fast.fused and sorted(fast._fused) == [(1, 1, 2), (3, 1, 4), (4, 2, 8)]  # chains and the tree: fused
     unfused = Engine(tm, dm, max_len=96, graphs=True, fused=False)
     for steps in (2, 5):
         a, b = fast.speculative(prompt, 40, SpecConfig(steps=steps)), unfused.speculative(prompt, 40, SpecConfig(steps=steps))
         assert a.tokens == b.tokens == want and a.accept_lens == b.accept_lens
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_fused_tree_graphed_equals_the_eager_named_steps_float32(kind):
+    """The fused tree cycle, compiled and graphed, drafts the eager named steps' trees and gives their tokens and
+    accept lengths; a sharp drafter (lm_head x 20) makes the trees reach every depth."""
+    tm, dm = _cuda_pair(kind)
+    with torch.no_grad():
+        dm.lm_head.mul_(20.0)
+    prompt = list(range(3, 20))
+    want = Engine(tm, max_len=96).generate(prompt, 40).tokens
+    for spec in (SpecConfig(steps=4, topk=4, draft_tokens=16), SpecConfig(steps=3, topk=2), SpecConfig(steps=5, topk=4,
+                                                                                                       draft_tokens=3)):
+        eager = Engine(tm, dm, max_len=96)
+        trees, real = [], eager.drafting.tree
+
+        def record(*args, **kw):
+            t = real(*args, **kw)
+            trees.append((t.tokens, t.parents, t.depths))
+            return t
+
+        eager.drafting.tree = record
+        b = eager.speculative(prompt, 40, spec)
+        fast = Engine(tm, dm, max_len=96, graphs=True)
+        a = fast.speculative(prompt, 40, spec)
+        assert a.tokens == b.tokens == want and a.accept_lens == b.accept_lens
+        fc = fast.fused_cycle(spec)
+        assert fc.draft.graphs and fc.verify.graphs  # captured: the tree ran as two graph replays per cycle
+        seen = []
+        inner = fc.draft
+
+        def grab(meta, aux):
+            vids, depth, prow, base = inner(meta, aux)
+            n = fc.nodes
+            seen.append((vids[1:n + 1].tolist(), (prow[1:n + 1] - 1).tolist(), depth[1:n + 1].tolist()))
+            return vids, depth, prow, base
+
+        fc.draft = grab
+        assert fast.speculative(prompt, 40, spec).tokens == want
+        assert seen == trees[1:]
 
 
 def test_graphed_uncompiled_and_eager_widths_agree():

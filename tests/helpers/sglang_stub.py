@@ -37,6 +37,11 @@ def make_handler(info: dict, generate: Callable[[list[int], int], list[int]], re
 
         def do_POST(self):  # noqa: N802
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+            if self.path == "/start_profile":  # the scheduler writes a trace of the steps it profiled
+                import gzip
+
+                out = Path(body["output_dir"]) / f"{time.time()}-TP-0.trace.json.gz"
+                out.write_bytes(gzip.compress(json.dumps(decode_trace(12)).encode()))
             if self.path != "/generate":
                 self._send(200, b"ok", "text/plain")
                 return
@@ -57,6 +62,22 @@ def make_handler(info: dict, generate: Callable[[list[int], int], list[int]], re
             pass
 
     return Handler
+
+
+def decode_trace(cycles: int) -> dict:
+    """A decode trace shaped like PyTorch's: per cycle a draft graph (3 kernels), the verify graph (9), an eager op."""
+    ev, t, corr = [], 0.0, 0
+    for _ in range(cycles):
+        for kind, n, dur in (("graph", 3, 10.0), ("graph", 9, 30.0), ("eager", 1, 5.0)):
+            corr += 1
+            name = "cudaGraphLaunch" if kind == "graph" else "cudaLaunchKernel"
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": t, "dur": 2, "args": {"correlation": corr}})
+            for _k in range(n):
+                ev.append({"ph": "X", "cat": "kernel", "name": "k", "ts": t + 3, "dur": dur / n,
+                           "args": {"correlation": corr}})
+                t += dur / n
+            t += 10.0  # the GPU waits for the host between launches
+    return {"traceEvents": ev}
 
 
 def serve(info: dict, generate: Callable[[list[int], int], list[int]] | None = None, *, port: int = 0,

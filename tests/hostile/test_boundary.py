@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hostile import ROOT, one_line_failure, run_cli
+from helpers.hostile import ROOT, drafter_files, one_line_failure, run_cli, story_run
 
 def plan(cycle_ms: float = 30, *extra: str) -> list[str]:
     return ["plan", "--baseline-tps=82", f"--cycle-ms={cycle_ms}", "--accept-len=2.0", *extra]
@@ -182,30 +182,11 @@ def test_remap_never_deletes_its_source_or_a_folder_that_is_not_a_drafter(ws, tm
     other = tmp_path / "notes"
     (other / "sub").mkdir(parents=True)
     (other / "keep.txt").write_text("x")
-    _refused(run_cli(["remap", str(src), "in/mapping.safetensors", str(other), "--force"]), "drafter folder only")
+    _refused(run_cli(["remap", str(src), "in/mapping.safetensors", str(other), "--force"]), "replaces only a drafter folder")
     assert (other / "keep.txt").read_text() == "x"
     out = tmp_path / "remapped"
     assert run_cli(["remap", str(src), "in/mapping.safetensors", str(out)]).code == 0
     assert run_cli(["remap", str(src), "in/mapping.safetensors", str(out), "--force"]).code == 0
-
-
-def _story_run(run: Path, name: str, *, complete: bool = True) -> None:
-    import hashlib
-    import io
-    import tarfile
-
-    run.mkdir(parents=True)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(f"{name}/config.json")
-        info.size = 2
-        tar.addfile(info, io.BytesIO(b"{}"))
-    blob = buf.getvalue()
-    (run / "drafters.tar.part00").write_bytes(blob)
-    doc = {"kind": "story", "complete": complete, "env": {"time": "2026-01-01T00:00:00Z"}, "stages": {"datagen_s": 1},
-           "drafters_export": {"parts": ["drafters.tar.part00"], "sha256": hashlib.sha256(blob).hexdigest(),
-                               "drafters": {name: {"config.json": hashlib.sha256(b"{}").hexdigest()}}}}
-    (run / "story.json").write_text(json.dumps(doc))
 
 
 def test_story_record_keeps_manifest_names_inside_the_destination(ws, tmp_path):
@@ -213,7 +194,7 @@ def test_story_record_keeps_manifest_names_inside_the_destination(ws, tmp_path):
     victim.mkdir(parents=True)
     (victim / "model.safetensors").write_text("the committed drafter")
     run = tmp_path / "x" / "y" / "run"
-    _story_run(run, "../../../drafters/smollm2-135m-default")
+    story_run(run, "../../../drafters/smollm2-135m-default")
     dest = tmp_path / "x" / "y" / "dest"
     for extra in (["--dry-run"], []):
         _refused(run_cli(["story.record", str(run), "hx", "--drafters", str(dest), *extra]), "unsafe drafter name")
@@ -223,13 +204,13 @@ def test_story_record_keeps_manifest_names_inside_the_destination(ws, tmp_path):
 
 def test_story_record_dry_run_writes_nothing_and_an_unfinished_run_is_refused(ws, tmp_path):
     run = tmp_path / "run"
-    _story_run(run, "b-remap")
+    story_run(run, "b-remap")
     res = run_cli(["story.record", str(run), "hx", "--drafters", str(tmp_path / "d"), "--dry-run"])
     assert res.code == 0 and "not unpacked" in res.out, res
     assert not (tmp_path / "d").exists()
     assert run_cli(["story.record", str(run), "hx", "--drafters", str(tmp_path / "d")]).code == 0
-    assert (tmp_path / "d" / "b-remap" / "config.json").read_bytes() == b"{}"
-    _story_run(tmp_path / "killed", "a", complete=False)
+    assert (tmp_path / "d" / "b-remap" / "config.json").read_bytes() == drafter_files()["config.json"]
+    story_run(tmp_path / "killed", "a", complete=False)
     _refused(run_cli(["story.record", str(tmp_path / "killed"), "hx"]), "did not finish")
 
 
@@ -331,9 +312,11 @@ def test_a_draft_vocab_larger_than_the_target_vocab_is_refused_not_clamped(monke
 
     from eaglekb.formats.mapping import TokenCounts
     from eaglekb.io.errors import BadInput
+    from eaglekb import training
     from eaglekb.training import loop
 
-    monkeypatch.setattr(loop, "counts_from_dataset", lambda path, v: TokenCounts(torch.ones(v, dtype=torch.int64)))
+    where = getattr(training, "drafters", loop)  # the module whose data_mapping counts the data
+    monkeypatch.setattr(where, "counts_from_dataset", lambda path, v: TokenCounts(torch.ones(v, dtype=torch.int64)))
 
     class Data:
         path, target = "ds", {"vocab_size": 128}

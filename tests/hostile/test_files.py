@@ -50,7 +50,7 @@ BASELINE_PATHS = st.sampled_from([["summary"], ["config", "steps"], ["metrics", 
                                   ["metrics", "x_ms"], ["noise", "spread", "breakeven_len"], ["schema_version"]])
 
 
-@examples(80)
+@examples(30)
 @given(st.one_of(FILE_BYTES.map(lambda b: ("bytes", b)),
                  st.tuples(BASELINE_PATHS, st.one_of(JSON, NASTY_TEXT)).map(lambda t: ("edit", t)),
                  st.just(("dangling", None))))
@@ -87,7 +87,7 @@ PROMPT_LINES = st.lists(st.one_of(st.text(max_size=30), MESSAGES.map(lambda m: j
                                   JSON.map(json.dumps)), min_size=0, max_size=4)
 
 
-@examples(80)
+@examples(30)
 @given(st.one_of(FILE_BYTES, PROMPT_LINES.map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))))
 def test_any_prompts_file_is_read_or_refused_in_one_line(ws, content):
     f = ws.root / "in-prompts.txt"
@@ -154,7 +154,7 @@ def _evil_pickle(marker: Path) -> bytes:
     return pickle.dumps(_Evil(marker))
 
 
-@examples(60)
+@examples(25)
 @given(st.lists(st.tuples(DRAFTER_KEYS, st.one_of(VALUES, st.just("<delete>"))), max_size=3), DAMAGE)
 def test_any_drafter_folder_is_inspected_or_refused(ws, tmp_path_factory, edits, damage):
     folder = _damaged(ws.inputs / "drafter", tmp_path_factory.mktemp("d") / "drafter", edits, damage)
@@ -167,7 +167,7 @@ def test_any_drafter_folder_is_inspected_or_refused(ws, tmp_path_factory, edits,
     assert ws.state() == before
 
 
-@examples(30)
+@examples(15)
 @given(st.lists(st.tuples(TARGET_KEYS, st.one_of(VALUES, st.just("<delete>"))), max_size=3), DAMAGE)
 def test_any_target_folder_is_loaded_or_refused(ws, tmp_path_factory, edits, damage):
     from eaglekb.io.errors import EaglekbError
@@ -218,7 +218,7 @@ def _files_outside(base: Path, dest: Path) -> dict:
             if dest not in p.parents and p != dest and not (p.is_dir() and not p.is_symlink())}
 
 
-@examples(80)
+@examples(30)
 @given(st.lists(NAMES, min_size=1, max_size=2, unique=True), st.lists(st.tuples(NAMES, NAMES), max_size=3))
 def test_no_name_from_a_manifest_or_archive_leaves_its_folder(ws, tmp_path_factory, names, pairs):
     base = tmp_path_factory.mktemp("story")
@@ -240,14 +240,14 @@ def test_no_name_from_a_manifest_or_archive_leaves_its_folder(ws, tmp_path_facto
 # --------------------------------------------------------------------------- mappings and counts
 
 
-@examples(60)
+@examples(25)
 @given(FILE_BYTES, st.sampled_from(["m.safetensors", "m.pt", "m.npy", "m"]))
 def test_any_mapping_file_is_read_or_refused(ws, tmp_path_factory, content, name):
     folder = tmp_path_factory.mktemp("m")
     f = folder / name
     f.write_bytes(content)
     _ok(run_cli(["vocab.compare", "in/mapping.safetensors", str(f)]))
-    _ok(run_cli(["vocab.build", "--out=out/m.safetensors", "--draft-vocab-size=8", f"--counts={f}"]))
+    _ok(run_cli(["vocab.build", "--out=out/m.safetensors", "--draft-vocab-size=8", f"--counts={f}", "--force"]))
     _ok(run_cli(["remap", "in/drafter", str(f), str(ws.out / "r"), "--force"]))
     pkl = folder / "evil.pt"
     pkl.write_bytes(_evil_pickle(folder / "PWNED"))
@@ -261,6 +261,6 @@ def test_any_dataset_folder_is_read_or_refused(ws, tmp_path, content):
     ds.mkdir()
     (ds / "manifest.json").write_bytes(content)
     (ds / "shard-00000.safetensors").write_bytes(b"\x00" * 32)
-    _ok(run_cli(["vocab.build", "--out=out/m.safetensors", "--draft-vocab-size=8", f"--dataset={ds}"]))
+    _ok(run_cli(["vocab.build", "--out=out/m.safetensors", "--draft-vocab-size=8", f"--dataset={ds}", "--force"]))
     _ok(run_cli(["datagen.compare", str(ds), str(ds)]))
     _ok(run_cli(["finetune", f"--data={ds}", "--out=out/run"]))

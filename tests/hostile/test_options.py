@@ -10,12 +10,13 @@ the work starts with the option named as the user typed it.
 from __future__ import annotations
 
 import inspect
+import zlib
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers.hostile import all_tasks, examples, flag, one_line_failure, options, run_cli
+from helpers.hostile import SCALE, all_tasks, examples, flag, names_what_was_typed, one_line_failure, options, run_cli
 
 TASKS = all_tasks()
 #: Tasks whose exit 1 is a verdict, not an error: findings in a checkpoint, invalid baselines, a CI gate.
@@ -57,9 +58,8 @@ def _argv(draw, name: str) -> list[str]:
     return argv
 
 
-@pytest.mark.parametrize("name", sorted(TASKS))
-def test_any_options_give_a_result_or_one_line(ws, name):
-    @examples(25)
+def _any_options(ws, name: str, n: int) -> None:
+    @examples(n)
     @given(st.data())
     def check(data):
         argv = _argv(data.draw, name)
@@ -68,6 +68,8 @@ def test_any_options_give_a_result_or_one_line(ws, name):
         assert one_line_failure(res) is None, (argv, res)
         allowed = {0, 1, 2} if name in VERDICT_TASKS else {0, 2}
         assert res.reached or res.code in allowed, (argv, res)
+        if res.code == 2 and not res.reached:
+            assert names_what_was_typed(res.err_lines[0], argv, TASKS[name]), (argv, res.err)
         writes = name in WRITES_BASELINES or any(a.startswith("--record=") for a in argv)
         after = ws.state()
         if writes:
@@ -76,6 +78,18 @@ def test_any_options_give_a_result_or_one_line(ws, name):
         assert before == after, (argv, sorted(set(before) ^ set(after))[:5])
 
     check()
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_any_options_give_a_result_or_one_line(ws, name):
+    _any_options(ws, name, 15)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_any_options_give_a_result_or_one_line_deeply(ws, name):
+    """The same property with 40 times the examples (``-m slow``; ``EAGLEKB_HOSTILE_SCALE`` multiplies both)."""
+    _any_options(ws, name, 400)
 
 
 def _numeric(name: str) -> dict[str, type]:
@@ -93,6 +107,15 @@ def _numeric(name: str) -> dict[str, type]:
     return out
 
 
+def _sample(values: list[str], key: str) -> list[str]:
+    """Every bad value for a deeper run (``EAGLEKB_HOSTILE_SCALE`` > 1), else a fixed 5 of them per option,
+    chosen by the option's name so that over all options each value is tried many times."""
+    if SCALE > 1:
+        return values
+    start = zlib.crc32(key.encode()) % len(values)
+    return [values[(start + 3 * i) % len(values)] for i in range(5)]
+
+
 NUMERIC = [(name, opt, kind) for name in sorted(TASKS) for opt, kind in _numeric(name).items()]
 BAD_NUMBERS = ["abc", "", "nan", "1e400", "-1e400", "0x1f", "1\n2", "-99999999999", " ", "1,5"]
 BAD_WHOLE = ["1.5", "1e3", "9" * 40, "\u0663"]
@@ -103,7 +126,7 @@ def test_bad_numbers_are_refused_before_work_naming_the_option(ws, name, opt, ki
     numeric = _numeric(name)
     positional = ["4" if o in numeric else "in/nothing" for o, d in options(TASKS[name]).items()
                   if d is inspect.Parameter.empty and o != opt]
-    for bad in BAD_NUMBERS + (BAD_WHOLE if kind is int else []):
+    for bad in _sample(BAD_NUMBERS + (BAD_WHOLE if kind is int else []), f"{name}:{opt}"):
         res = run_cli([name, *positional, f"{flag(opt)}={bad}"])
         assert res.reached is None, (name, opt, bad, res)
         assert res.code == 2 and one_line_failure(res) is None, (name, opt, bad, res)

@@ -40,17 +40,48 @@ def test_bench_run_on_tiny_target(tiny_pair):  # noqa: F811
     from eaglekb.kb.baselines import build
     build(kind="bench", name="t", config=r.config, metrics=r.metrics, noise=noise)
     assert "tok/s" in bench.render_text(r)
+    # the fastest point is named, with the SGLang command that serves it (plain when it does not pay)
+    best = max(("spec_s2_k1_n3", "spec_s2_k2_n5"), key=lambda n: r.metrics[n]["median_tok_s"])
+    b = r.metrics["best"]
+    named = f"spec_s{b['steps_count']}_k{b['topk_count']}_n{b['draft_tokens_count']}"
+    assert named == best == r.config["best"]["method"]
+    text = bench.render_text(r)
+    assert "best on this machine" in text and r.config["best"]["sglang_command"] in text
+    assert "sglang.launch_server" in r.config["best"]["sglang_command"]
 
 
-def test_bench_fused_chain_on_cpu_same_acceptance(tiny_pair):  # noqa: F811
+def test_bench_serves_the_best_point_with_matching_sglang_flags():
+    cfg = bench.BenchConfig(drafter="drafters/d", device="cuda", dtype="bfloat16")
+    specs = [bench.SpecConfig(steps=3), bench.SpecConfig(steps=4, topk=4, draft_tokens=16)]
+    metrics = {"spec_s3_k1_n4": {"median_tok_s": 900.0, "vs_engine_x": 1.25},
+               "spec_s4_k4_n16": {"median_tok_s": 1000.0, "vs_engine_x": 1.39}}
+    served = bench.serve_best(cfg, metrics, specs, "/m/target")
+    assert served["metrics"] == {"steps_count": 4, "topk_count": 4, "draft_tokens_count": 16, "vs_engine_x": 1.39}
+    flags = served["config"]["sglang_flags"].split()
+    pairs = dict(zip(flags[::2], flags[1::2]))
+    assert {"--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "drafters/d",
+            "--speculative-num-steps": "4", "--speculative-eagle-topk": "4",
+            "--speculative-num-draft-tokens": "16"}.items() <= pairs.items()
+    assert served["config"]["sglang_command"].split()[:5] == ["python", "-m", "sglang.launch_server", "--model-path",
+                                                             "/m/target"]
+    slow = {k: dict(v, vs_engine_x=0.8) for k, v in metrics.items()}
+    plain = bench.serve_best(cfg, slow, specs, "/m/target")
+    assert not plain["config"]["pays"] and "--speculative" not in plain["config"]["sglang_command"]
+    assert bench.serve_best(cfg, metrics, [], "/m/target") == {}
+
+
+def test_bench_fused_chain_and_tree_on_cpu_same_acceptance(tiny_pair):  # noqa: F811
     target, drafter = tiny_pair
     runs = {}
     for fused in ("off", "on"):
         cfg = bench.BenchConfig(target=str(target), drafter=str(drafter), prompts="builtin", num_prompts=1,
-                                max_new_tokens=12, sweep=[(3, 1, None)], repeats=1, warmup=0, peers=[], fused=fused)
+                                max_new_tokens=12, sweep=[(3, 1, None), (2, 2, 5)], repeats=1, warmup=0, peers=[],
+                                fused=fused)
         runs[fused] = bench.run(cfg, progress=False)
     assert runs["on"].config["fused_chain_main"] and not runs["off"].config["fused_chain_main"]
-    assert runs["on"].metrics["spec_s3_k1_n4"]["accept_len"] == runs["off"].metrics["spec_s3_k1_n4"]["accept_len"]
+    assert runs["on"].config["fused_tree_main"] and not runs["off"].config["fused_tree_main"]
+    for name in ("spec_s3_k1_n4", "spec_s2_k2_n5"):
+        assert runs["on"].metrics[name]["accept_len"] == runs["off"].metrics[name]["accept_len"]
     with pytest.raises(BadInput, match="fused"):
         bench.run(bench.BenchConfig(target=str(target), drafter=str(drafter), fused="maybe"), progress=False)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglekb.measure.command import typed_command, unportable_paths
+from eaglekb.measure.command import NO_COMPARE, reproduce_command, typed_command, unportable_paths, writes_baselines
 from eaglekb.models import sources
 
 SITE = "/root/.pyenv/versions/3.11.7/lib/python3.11/site-packages/invoke/__main__.py"
@@ -44,7 +44,9 @@ def test_embedded_model_cache_folder_becomes_its_name(repo, monkeypatch, tmp_pat
     assert typed_command(argv, root=repo, cwd=repo) == "invoke story.run --model smollm2-135m --prompts p.jsonl"
 
 
-def test_unportable_paths_are_flagged():
+@pytest.mark.parametrize("home", ["/tmp/fresh-home", "/root", "/home/user"])
+def test_unportable_paths_are_flagged(monkeypatch, home):
+    monkeypatch.setenv("HOME", home)  # a fresh clone's empty HOME under /tmp must not change the verdicts
     assert unportable_paths("invoke probe --drafter drafters/d --prompts builtin") == []
     found = unportable_paths("invoke bench --drafter /tmp/eaglekb-story2/run-b/drafter --out=/data/x --prompts ~/p.txt")
     assert len(found) == 3
@@ -60,3 +62,38 @@ def test_runbook_command_line_uses_it(monkeypatch, repo):
     monkeypatch.setenv("EAGLEKB_ROOT", str(repo))
     monkeypatch.setattr(sys, "argv", [SITE, "vocab.build", "--out", str(repo / "sub/v.safetensors")])
     assert command_line() == "invoke vocab.build --out sub/v.safetensors"
+
+
+@pytest.mark.parametrize("command, expected", [
+    ("invoke probe --device cuda --force --prompts builtin --record h200-x",
+     "invoke probe --device cuda --prompts builtin --compare h200-x"),
+    ("invoke bench --sweep '1,1;2,1' --record=cpu-a --force", "invoke bench --sweep '1,1;2,1' --compare cpu-a"),
+    ("invoke plan --steps 2 --compare k25", "invoke plan --steps 2 --compare k25"),
+    ("invoke models.prepare smollm2-135m --force --record smollm2-135m-prepare", "invoke models.prepare smollm2-135m"),
+    ("invoke story.run --model smollm2-135m --no-export", "invoke story.run --model smollm2-135m --no-export"),
+    ("pytest", "pytest"),
+])
+def test_reproduce_command_compares_and_overwrites_nothing(command, expected):
+    got = reproduce_command(command)
+    assert got == expected and writes_baselines(got) == []
+
+
+def test_tasks_without_compare_are_the_ones_listed():
+    """NO_COMPARE names exactly the recording tasks that take no --compare (checked against their signatures)."""
+    import inspect
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    import tasks
+
+    found = []
+
+    def walk(coll, prefix):
+        for name, t in coll.tasks.items():
+            params = inspect.signature(t.body).parameters
+            if "record" in params and "compare" not in params:
+                found.append(f"{prefix}{name}".replace("_", "-"))
+        for cname, sub in coll.collections.items():
+            walk(sub, f"{prefix}{cname}.")
+
+    walk(tasks.ns, "")
+    assert sorted(found) == sorted(NO_COMPARE)

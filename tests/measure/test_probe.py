@@ -108,7 +108,7 @@ def test_runbook_one_line_errors_and_no_baseline(tiny_pair, tmp_path):
     long_prompt = tmp_path / "long.txt"
     long_prompt.write_text(" ".join(["w9"] * 400) + "\n")
     out = _invoke("probe", "--target", str(target), "--drafter", str(drafter), "--prompts", str(long_prompt),
-                  "--record", "x-test")
+                  "--num-prompts", "1", "--record", "x-test")  # more than the file holds is refused, not clamped
     assert out.returncode != 0 and "longer than the cache" in out.stderr, out.stderr
     assert sorted((ROOT / "baselines").rglob("*.json")) == before
 

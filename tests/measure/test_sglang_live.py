@@ -13,7 +13,7 @@ from eaglekb.io.errors import BadInput, Incompatible, Unavailable
 from eaglekb.measure import sglang_bench, sglang_trace
 from eaglekb.measure.sglang import LaunchConfig
 from eaglekb.measure.sglang_server import launch, stop, wait_ready
-from helpers.sglang_stub import serve, stub_package
+from helpers.sglang_stub import decode_trace as _trace, serve, stub_package
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -108,22 +108,6 @@ def test_server_of_another_model_is_refused(tiny_pair, tmp_path):
         s.shutdown()
 
 
-def _trace(cycles: int) -> dict:
-    """A decode trace shaped like PyTorch's: per cycle a draft graph (3 kernels), the verify graph (9), an eager op."""
-    ev, t, corr = [], 0.0, 0
-    for _ in range(cycles):
-        for kind, n, dur in (("graph", 3, 10.0), ("graph", 9, 30.0), ("eager", 1, 5.0)):
-            corr += 1
-            name = "cudaGraphLaunch" if kind == "graph" else "cudaLaunchKernel"
-            ev.append({"ph": "X", "cat": "cuda_runtime", "name": name, "ts": t, "dur": 2, "args": {"correlation": corr}})
-            for _k in range(n):
-                ev.append({"ph": "X", "cat": "kernel", "name": "k", "ts": t + 3, "dur": dur / n,
-                           "args": {"correlation": corr}})
-                t += dur / n
-            t += 10.0  # the GPU waits for the host between launches
-    return {"traceEvents": ev}
-
-
 def test_trace_split_keys_cycles_on_the_verify_graph(tmp_path):
     import gzip
 
@@ -180,3 +164,41 @@ def test_a_run_is_a_valid_baseline(tiny_pair):
     finally:
         s1.shutdown()
         s2.shutdown()
+
+
+def test_profile_task_records_the_split(tiny_pair, tmp_path, monkeypatch):
+    target, _ = tiny_pair
+    s, url = serve({"version": "stub", "model_path": str(target), "speculative_algorithm": "EAGLE3",
+                    "speculative_num_steps": 3, "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4})
+    try:
+        res = sglang_bench.profile_split(url, str(target), "builtin", 8, 20, str(tmp_path / "prof"))
+        assert res["metrics"]["gpu"]["verify_graph_kernels_count"] == 9
+        assert res["metrics"]["request"]["cycle_ms"] >= 0 and res["metrics"]["accept_len"] > 1
+        from eaglekb.kb import baselines
+
+        baselines.build(kind="bench", name="stub-profile", config=res["config"], metrics=res["metrics"],
+                        noise={"repeats": 1, "spread_kind": "none", "spread": {}, "tolerance_rel": 0.25},
+                        summary=res["summary"], command="invoke sglang.profile --url X")
+    finally:
+        s.shutdown()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_server_that_dies_mid_run_ends_the_run_with_one_line(tiny_pair):
+    target, _ = tiny_pair
+    calls = {"n": 0}
+
+    def dying(ids, n):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise SystemExit  # the handler drops the connection without an answer, as a crashed server does
+        return list(range(n))
+
+    s, url = serve({"version": "stub", "model_path": str(target)}, dying)
+    try:
+        with pytest.raises(Unavailable) as err:
+            sglang_bench.run(sglang_bench.SGLangBenchConfig(url=url, prompts=["builtin"], num_prompts=2,
+                                                            max_new_tokens=4, target=str(target)), progress=False)
+        assert "\n" not in str(err.value) and url in str(err.value)
+    finally:
+        s.shutdown()

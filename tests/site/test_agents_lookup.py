@@ -1,10 +1,12 @@
 """What an agent reads: knowledge.json, llms.txt and llms-full.txt from the built site, alone.
 
 The questions an agent asks before acting, each answered from one file of the built site and nothing else
-(no baselines/, no eaglekb import), then checked against the repository: the best accept length of the
-default drafter on each prompt set and how to reproduce it; why a finding is open or contested; the next
-step of the game plan; the ordered commands for a new target. The answers are derived from whatever
-baselines exist (the default drafter is re-recorded from time to time), never from hard-coded numbers.
+(no baselines/, no eaglekb import), then checked against the repository: a result and the command that
+reproduces it (the default drafter's current accept length per machine, prompt set and shape: one answer
+each); whether a result is still current and what replaced it; which drafter, by content, a result used; a
+verdict's arithmetic; a finding's status, headline and why; the next step of the game plan; the ordered
+commands for a new target; and llms.txt routing to each finding with its status. The answers are derived from
+whatever baselines exist (the default drafter is re-recorded from time to time), never from hard-coded numbers.
 """
 
 from __future__ import annotations
@@ -74,14 +76,14 @@ def _cell(page: str, key: str) -> str | None:
 
 def best_by_prompt_set_from_llms_full(text: str, drafter: str) -> dict[str, dict]:
     """The same answer from llms-full.txt: each baseline page has its metrics table, its config table
-    (rows drafter, prompts) and its provenance (`- **command**: `...``)."""
+    (rows drafter, prompts) and its provenance (`- **reproduce**: `...``)."""
     best: dict[str, dict] = {}
     for bid, page in _PAGE.findall(text):
         value = next((v for v in (_cell(page, k) for k in ACCEPT_KEYS) if v is not None), None)
         if value is None or _cell(page, "drafter") != drafter:
             continue
         prompts = _cell(page, "prompts")
-        command = re.search(r"^- \*\*command\*\*: `(.+?)`\s*$", page, re.M)
+        command = re.search(r"^- \*\*reproduce\*\*: `(.+?)`\s*$", page, re.M)
         if prompts not in best or float(value) > best[prompts]["accept_len"]:
             best[prompts] = {"baseline": bid, "accept_len": float(value), "command": command and command.group(1)}
     return best
@@ -140,7 +142,8 @@ def test_best_accept_length_of_the_default_drafter_on_each_prompt_set(index, sit
     for prompts, (bid, data) in expected.items():
         got = answer[prompts]
         assert (got["baseline"], got["accept_len"]) == (bid, _json_accept(data)), prompts
-        assert got["command"] == data["provenance"]["command"] and got["command"].startswith("invoke probe")
+        assert got["command"] == data["provenance"]["reproduce"] and got["command"].startswith("invoke probe")
+        assert "--compare" in got["command"] and not re.search(r"--record|--force", got["command"])
         assert got["allowed"] > 0 and got["host"]
         assert (site / got["page"] / "index.html").is_file() and (site / got["json"]).is_file()
         assert json.loads((site / got["json"]).read_text()) == data
@@ -162,7 +165,7 @@ def test_best_probe_over_all_drafters(index):
     bid, data = max(probes.items(), key=lambda kv: _json_accept(kv[1]))
     answer = best_accept_length_from_index(index)
     assert (answer["baseline"], answer["accept_len"]) == (bid, _json_accept(data))
-    assert answer["command"] == data["provenance"]["command"] and answer["file"] == f"baselines/{bid}.json"
+    assert answer["command"] == data["provenance"]["reproduce"] and answer["file"] == f"baselines/{bid}.json"
 
 
 def test_lookup_picks_the_drafter_by_config_or_name():
@@ -216,22 +219,29 @@ def test_the_ordered_commands_for_a_new_target(index, site):
 
 
 def test_agents_page_example_runs_on_the_index(site, index):
-    """The Python on the agents page, run as written next to knowledge.json, answers all four questions."""
+    """The Python on the agents page, run as written next to knowledge.json, answers its questions."""
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs/agents.md").read_text(), re.S)
     assert blocks
     out = subprocess.run([sys.executable, "-c", blocks[0]], cwd=site, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    for prompts, got in best_by_prompt_set(index, index["defaults"]["drafter"]).items():
-        assert f"{prompts}: {got['accept_len']:.3f}" in out.stdout and got["command"] in out.stdout
+    for row in current_of_default(index):
+        assert f"{row['machine']} | {row['prompts']['name']} | {row['shape']}: {row['headline']}" in out.stdout
+        assert row["reproduce"] in out.stdout
     assert index["plan"]["next_steps"][0]["title"] in out.stdout
     assert index["recipes"]["new-target"]["steps"][0]["command"] in out.stdout
+    assert f"{index['defaults']['probe']} True" in out.stdout  # the plain probe's baseline used the default drafter
+    assert "break-even 2.46 = 2.46" in out.stdout.replace("2.4599999999999995", "2.46")
 
 
 def test_baselines_carry_noise_host_versions_citation(index, site):
     recorded = {f"{p.parent.name}/{p.stem}" for p in (ROOT / "baselines").glob("*/*.json")}
     assert set(index["baselines"]) == recorded
     for bid, e in index["baselines"].items():
-        assert e["metrics"] and e["command"].startswith("invoke ") and e["file"] == f"baselines/{bid}.json", bid
+        assert e["metrics"] and e["recorded_with"].startswith("invoke ") and e["file"] == f"baselines/{bid}.json", bid
+        if e["source"] == "measured":  # the reproduce form: reruns and compares, overwrites nothing
+            assert e["command"].startswith("invoke ") and not re.search(r"--record\b|--force\b", e["command"]), bid
+        else:
+            assert e["command"] is None, bid
         assert {"repeats", "tolerance_rel"} <= set(e["noise"]) and e["versions"] and e["host_text"], bid
         assert "None" not in e["host_text"], (bid, e["host_text"])
         assert (site / e["json"]).read_bytes() == (ROOT / e["file"]).read_bytes(), bid
@@ -298,3 +308,98 @@ def test_invoke_list_json_is_documented_and_lists_the_tasks():
 
     walk(listing)
     assert {"plan.plan", "baselines.check", "docs.build", "docs.deploy"} <= names
+
+
+# --------------------------------------------------------------------------- one answer: the current view
+
+
+def current_of_default(index: dict) -> list[dict]:
+    """From knowledge.json alone: the default drafter's current probe rows (one per machine, prompts, setup)."""
+    sha = index["defaults"]["drafter_sha256"]
+    return [r for r in index["current"] if r["kind"] == "probe" and (r["drafter"] or {}).get("sha256") == sha]
+
+
+def _setup(data: dict) -> tuple:
+    """A probe's setup as read from its JSON (the oracle: no eaglekb import)."""
+    c, p = data["config"], data["provenance"]
+    machine = p["host"]["gpus"][0]["name"] if str(c.get("device", "")).startswith("cuda") else p["host"]["cpu"]
+    inputs = p.get("inputs") or {}
+    return (inputs.get("drafter", {}).get("sha256"), inputs.get("target", {}).get("sha256"),
+            (c.get("prompts_manifest") or {}).get("sha256") or c.get("prompts"), machine,
+            *(c.get(k) for k in ("dtype", "steps", "topk", "draft_tokens", "temperature", "num_prompts",
+                                 "max_new_tokens")))
+
+
+def test_the_default_drafter_has_one_current_answer_per_setup(index):
+    sha = index["defaults"]["drafter_sha256"]
+    assert sha and re.fullmatch(r"[0-9a-f]{64}", sha)
+    rows = current_of_default(index)
+    assert rows, "no current probe of the default drafter"
+    keys = [(r["machine"], r["prompts"]["name"], r["shape"], json.dumps(r["config"], sort_keys=True)) for r in rows]
+    assert len(keys) == len(set(keys)), "two current answers for one setup"
+    probes = {bid: d for bid, d in _recorded("probe").items() if d["source"] == "measured"}
+    for row in rows:
+        data = probes[row["baseline"]]
+        assert not data.get("superseded_by") and data["provenance"]["inputs"]["drafter"]["sha256"] == sha
+        rivals = [b for b, d in probes.items() if _setup(d) == _setup(data) and not d.get("superseded_by")
+                  and d["created_at"] > data["created_at"]]
+        assert not rivals, (row["baseline"], rivals)  # nothing newer on the same setup
+        assert row["reproduce"] == data["provenance"]["reproduce"] and "--compare" in row["reproduce"]
+        assert row["metrics"]["online.accept_len"] == data["metrics"]["online"]["accept_len"]
+    shapes = {r["shape"] for r in rows}
+    assert "chain" in shapes  # chain and tree are separate rows, never one "best"
+
+
+def test_a_superseded_result_says_what_replaced_it_and_is_never_current(index, site):
+    current = {r["baseline"] for r in index["current"]}
+    marked = {bid for bid, d in {**_recorded("probe"), **_recorded("bench")}.items() if d.get("superseded_by")}
+    assert marked and not (marked & current)
+    for bid in marked:
+        assert index["baselines"][bid]["superseded_by"], bid
+        page = (site / index["baselines"][bid]["page"] / "index.html").read_text(encoding="utf-8")
+        assert "Superseded: not a current result" in page, bid
+    for row in index["current"]:
+        for old in row["replaces"]:
+            assert index["baselines"][old]["superseded_by"] or old in current, old
+
+
+def test_every_measured_result_names_its_inputs_by_content(index):
+    keys = {"drafter", "reference_drafter", "init", "target", "model", "online_target", "data", "val_data"}
+    for bid, e in index["baselines"].items():
+        if e["source"] != "measured":
+            continue
+        for key in keys & set(k for k, v in e["config"].items() if isinstance(v, str)):
+            entry = e["inputs"][key]
+            assert entry["path"] == e["config"][key], (bid, key)
+            assert re.fullmatch(r"[0-9a-f]{64}", entry.get("sha256") or "") or entry.get("unknown"), (bid, key)
+            assert entry.get("basis") or entry.get("unknown"), (bid, key)
+
+
+def test_a_verdicts_arithmetic_from_the_index(index):
+    """break-even = baseline tok/s x cycle time, and the chain ceiling = steps + 1, from each plan baseline."""
+    plans = {bid: e for bid, e in index["baselines"].items() if e["kind"] == "plan" and "breakeven_len" in e["metrics"]}
+    assert plans
+    for bid, e in plans.items():
+        c, m = e["config"], e["metrics"]
+        assert m["breakeven_len"] == pytest.approx(c["baseline_tok_s"] * c["cycle_ms"] / 1000, rel=1e-6), bid
+        if c.get("steps") and c.get("topk", 1) == 1:
+            assert m["ceiling_len"] == c["steps"] + 1, bid
+
+
+def test_llms_txt_routes_to_each_finding_with_its_status_and_the_current_view(site, index):
+    llms = (site / "llms.txt").read_text(encoding="utf-8")
+    assert llms.startswith("# ") and "\n> " in llms  # the llms.txt convention: title, then a summary
+    for fid, f in index["findings"].items():
+        line = next((l for l in llms.splitlines() if f"](findings/{fid}/index.md)" in l), None)
+        assert line and line.startswith("- [") and f"**{f['status']}**" in line, fid
+        assert f["headline"] and re.search(r"\d", line), fid  # a headline number on the line
+        assert (site / f"findings/{fid}/index.md").is_file(), fid
+    section = llms.split("## Current results", 1)[1].split("\n## ", 1)[0]
+    for row in index["current"]:
+        assert f"]({row['page']}index.md): " in section, row["baseline"]
+
+
+def test_every_finding_is_in_the_navigation(site, index):
+    nav = (site / "index.html").read_text(encoding="utf-8")
+    for fid in index["findings"]:
+        assert f'href="findings/{fid}/"' in nav, f"{fid} is not in the site navigation"

@@ -1,5 +1,7 @@
 """The strict site build: passes on the repository, fails with one line on a bad citation."""
 
+import json
+import re
 import shutil
 
 import pytest
@@ -41,6 +43,18 @@ def test_notebook_executes(site):
     assert "recomputed break-even matches" in (site / "notebooks/viability/index.html").read_text()
 
 
+def _edit_json(path, edit):
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _as_v1(data):
+    data["schema_version"] = 1
+    data["provenance"].pop("inputs")
+    data["provenance"].pop("reproduce")
+
+
 def _broken(tmp_path, edit):
     root = copy_site(tmp_path / "repo")
     edit(root)
@@ -68,6 +82,20 @@ def _broken(tmp_path, edit):
                 "evidence:\n  - bench/k25-cycle-split\n  - bench/k25-unreproducible-boot\n  - bench/h200-smollm2-default-bf16\n",
                 "evidence: []\n")),
          "evidence"),
+        (lambda r: _edit_json(r / "baselines/probe/smollm2-135m-default.json",
+                              lambda d: d["provenance"].pop("inputs")), "probe/smollm2-135m-default.json"),
+        (lambda r: _edit_json(r / "baselines/probe/smollm2-135m-default.json",
+                              lambda d: d["provenance"]["inputs"].pop("drafter")), "lacks 'drafter'"),
+        (lambda r: _edit_json(r / "baselines/bench/cpu-smollm2-default.json", _as_v1), "schema v1 baseline"),
+        (lambda r: (r / "docs/index.md").write_text(
+            "{{ metric bench/h200-smollm2-default-r2 engine.median_tok_s }}\n"), "superseded"),
+        (lambda r: (r / "docs/agents.md").write_text("The default drafter accepts 2.54 tokens.\n"),
+         "hand-typed figure"),
+        (lambda r: (r / "docs/index.md").write_text("{{ config plan/k25-investigation no_such_field }}\n"),
+         "no_such_field"),
+        (lambda r: (r / "mkdocs.yml").write_text(re.sub(r"  - Findings:\n(      .*\n)+", "",
+                                                        (r / "mkdocs.yml").read_text())),
+         "docs/findings/F01-breakeven-not-one.md"),
     ],
 )
 def test_bad_reference_fails_build_with_one_line(tmp_path, edit, fragment):
@@ -76,3 +104,23 @@ def test_bad_reference_fails_build_with_one_line(tmp_path, edit, fragment):
     lines = [l for l in proc.stderr.splitlines() if "eaglekb:" in l]
     assert len(lines) == 1 and fragment in lines[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_a_new_finding_joins_the_navigation_and_llms_txt(tmp_path):
+    """Findings F13 and later (written by others) need no nav edit: the build lists every findings/F*.md."""
+    def add(root):
+        src = (root / "docs/findings/F02-chain-ceiling.md").read_text()
+        (root / "docs/findings/F99-a-new-finding.md").write_text(
+            src.replace("id: F02-chain-ceiling", "id: F99-a-new-finding").replace(
+                "title: ", "title: A new finding, ", 1))
+        for page in (root / "docs").rglob("*.md"):  # the notebook is left out of this build: so are links to it
+            text = page.read_text()
+            if "viability.ipynb" in text:
+                page.write_text(re.sub(r"\]\([./]*notebooks/viability\.ipynb\)", "](../index.md)", text))
+
+    proc = _broken(tmp_path, add)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    site = tmp_path / "site"
+    assert 'href="../F99-a-new-finding/"' in (site / "findings/F01-breakeven-not-one/index.html").read_text()
+    llms = (site / "llms.txt").read_text()
+    assert "](findings/F99-a-new-finding/index.md): **confirmed**" in llms

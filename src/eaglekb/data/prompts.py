@@ -91,11 +91,18 @@ def read_prompts_file(path: str | Path) -> PromptSet:
     """Prompts from a file: JSON lines with "prompt" or "messages", or plain text, one prompt per line."""
     path = Path(path)
     prompts = []
+    seen: dict[str, int] = {}
     for n, line in _lines(path, "a prompts file (JSON lines or one prompt per line)"):
         if line.lstrip().startswith("{"):
             messages = _messages(_row(line, f"{path}:{n}"), f"{path}:{n}")
         else:
             messages = ({"role": "user", "content": line.strip()},)
+        key = json.dumps(messages, sort_keys=True)
+        if key in seen:  # the same prompt twice would be generated or measured twice, unsaid
+            raise BadInput("prompts file holds the same prompt twice", where=f"{path}:{n}",
+                           expected="each prompt once", found=f"line {n} repeats line {seen[key]}",
+                           fix="remove the repeated lines")
+        seen[key] = n
         prompts.append(Prompt(id=f"{path.name}:{n}", source=path.name, messages=messages))
     if not prompts:
         raise BadInput("prompts file is empty", where=str(path), expected="at least one prompt", found="none")
@@ -179,6 +186,10 @@ def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int | N
     else:
         names = list(corpus or DEFAULT_CORPORA)
         bases = [n.partition(":")[0] for n in names]
+        twice = sorted({b for b in bases if bases.count(b) > 1})
+        if twice:  # its prompts would go into the data twice
+            raise BadInput("corpus given twice", where="--corpus", expected="each corpus once",
+                           found=twice[0], fix="give each --corpus once (NAME:K sets a derived corpus's variants)")
         bad = [n for n, b in zip(names, bases)
                if b in corpora.EVAL_SETS or (b in corpora.SOURCES and corpora.SOURCES[b].eval_only)]
         if bad:
@@ -193,22 +204,35 @@ def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int | N
     return ps
 
 
+def _enough(ps: PromptSet, num: int | None, spec: str) -> PromptSet:
+    """``ps`` when it holds at least ``num`` prompts; fewer is refused, never clamped to what there is."""
+    if num is not None and len(ps.prompts) < num:
+        raise BadInput("fewer prompts than --num-prompts", where="--num-prompts",
+                       expected=f"at most {len(ps.prompts)} (the prompts {spec} holds)", found=str(num),
+                       fix=f"pass --num-prompts {len(ps.prompts)} or a larger prompt set")
+    return ps
+
+
 def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
-    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a prompts file."""
+    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a prompts file.
+
+    ``num``: the first ``num`` prompts; a set with fewer is refused (``--num-prompts``), not clamped."""
     if num is not None and num < 1:
         raise BadInput("number of prompts must be positive", where="--num-prompts", expected=">= 1", found=str(num))
     if spec == "builtin":
         items = [Prompt(id=f"builtin:{i}", source="builtin", messages=({"role": "user", "content": t},))
-                 for i, t in enumerate(BUILTIN_PROMPTS)][:num]
+                 for i, t in enumerate(BUILTIN_PROMPTS)]
+        _enough(PromptSet("builtin", items), num, spec)
+        items = items[:num]
         return PromptSet("builtin", items, manifest={"source": "builtin", "count": len(items),
                                                      "sha256": prompts_hash(items)})
     if Path(spec).is_file():
-        s = read_prompts_file(spec)
+        s = _enough(read_prompts_file(spec), num, spec)
         s.prompts = s.prompts[:num] if num else s.prompts
         s.manifest["count"] = len(s.prompts)
         return s
     if spec in corpora.EVAL_SETS:
-        return corpora.load(spec, split="eval", limit=num)
+        return _enough(corpora.load(spec, split="eval", limit=num), num, spec)
     raise BadInput("unknown prompt set", where="--prompts",
                    expected="builtin, " + ", ".join(corpora.EVAL_SETS) + " (held out) or a prompts file",
                    found=repr(spec))

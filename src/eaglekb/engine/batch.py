@@ -80,7 +80,7 @@ class BatchDecoder:
             raise BadInput("batch decoder needs rows >= 1 and a cache of >= 2 slots", where="batch decoder",
                            found=f"rows {rows}, max_len {max_len}")
         if max_len > target.max_len:
-            raise BadInput("cache longer than the rope table", where="max_len", expected=f"<= {target.max_len}",
+            raise BadInput("cache longer than the rope table", where="--max-len", expected=f"<= {target.max_len}",
                            found=str(max_len))
         self.target, self.rows, self.max_len = target, rows, max_len
         self.device = target.device

@@ -1,25 +1,38 @@
-"""The greedy chain cycle with no host round trip between its steps (SGLang/gpt-fast style).
+"""Greedy cycles with no host round trip between their steps (SGLang/gpt-fast style).
 
-Owns ``FusedChain``: for topk 1 at temperature 0, one cycle is two device programs,
-each a single CUDA-graph replay when the engine is graphed:
+Owns ``FusedChain`` (topk 1) and ``FusedTree`` (topk > 1): at temperature 0 one cycle
+is two device programs, each a single CUDA-graph replay when the engine is graphed:
 
 * ``draft``: the drafter over the newly verified positions (accepted tokens + bonus,
-  padded to a fixed row count), then ``steps - 1`` chained drafter steps; positions,
-  slots and masks are computed on the device from ``start`` and ``n`` (comparisons
-  against cached ``arange`` tensors), so nothing is copied from the host per step.
-  It returns the verify input ``[root] + chain (+ padding)`` and the verify base slot.
-* ``verify``: the target over those rows (a chain's tree mask is causal), the target's
-  argmax per row, and the greedy accept length ``k`` (leading drafts equal to the
-  target's argmax) packed into one tensor that the host reads once per cycle.
+  padded to a fixed row count), then the chain or tree steps; positions, slots and
+  masks are computed on the device from ``start`` and ``n`` (comparisons against
+  cached ``arange`` tensors), so nothing is copied from the host per step. It returns
+  the verify input (``[root] + nodes (+ padding)``, and for a tree each row's depth
+  and parent row) and the verify base slot.
+* ``verify``: the target over those rows with the tree mask, the target's argmax per
+  row and the greedy walk from the root (at each node the child holding the target's
+  argmax), packed with the accepted tokens into one tensor that the host reads once
+  per cycle.
 
-The accepted path of a chain is always its first ``k`` nodes, so their K/V are
-already in place (no move) and the next cycle's drafter input is the verify's
-first ``k + 1`` aux rows (the rows after them are padding the drafter ignores).
+A chain's accepted path is always its first ``k`` nodes, so their K/V are already in
+place and the next cycle's drafter input is the verify's first ``k + 1`` aux rows. A
+tree's accepted rows are moved next to the prefix inside the verify program (the
+``commit`` of the named steps) and their aux rows gathered there.
+
+The tree program is the named steps' ``Drafting.tree`` with fixed shapes: the root's
+``topk`` best children, then ``steps - 1`` drafter passes over the ``topk`` frontier
+nodes (each row sees the prefix and its ancestors' scratch slots), each node's
+``topk`` best children scored by cumulative log-probability, the frontier kept to
+the ``topk`` best (a stable sort: ties go to the earlier candidate, as Python's
+``sorted`` does), and the ``draft_tokens - 1`` best candidates kept in score order.
+A child's score never exceeds its parent's and ties put the parent first, so the
+best candidates always include their ancestors and come in topological order, the
+ancestor check of ``draft._select`` holds by construction.
+
 The host work per cycle is one small pinned copy in, two replays, one read out.
-Tokens are exactly those of ``Engine._cycle`` (the unfused path: trees, sampling,
-the first cycle after the prompt) and of plain greedy decoding.
-
-Knows nothing about prompts, timing consumers or the task runner.
+Tokens are exactly those of ``Engine._cycle`` (the unfused path: sampling, the first
+cycle after the prompt) and of plain greedy decoding. Knows nothing about prompts,
+timing consumers or the task runner.
 """
 
 from __future__ import annotations
@@ -29,16 +42,17 @@ import torch
 from eaglekb.engine.cuda_graphs import Graphed
 
 
-class FusedChain:
-    """A greedy chain of ``steps`` drafts per cycle for one ``Engine`` (its caches, graphs and compile choice)."""
+class _Fused:
+    """What both fused cycles share: the pinned metadata, the padded drafter extend, the host side of a cycle."""
 
-    def __init__(self, engine, steps: int):
+    def __init__(self, engine, steps: int, vrows: int, width: int = 0):
         dev = engine.device
         self.eng, self.steps = engine, steps
-        self.rows = engine.pad_rows(max(steps + 1, 2))  # drafter extend rows = verify rows
+        self.rows = engine.pad_rows(max(steps + 1, 2))  # drafter extend rows (accepted + bonus, padded)
+        self.vrows = vrows  # verify rows (root + nodes, padded)
         self.dcols = torch.arange(engine.dkv.max_len, device=dev)
         self.tcols = torch.arange(engine.max_len, device=dev)
-        self.ar = torch.arange(self.rows, device=dev)
+        self.ar = torch.arange(max(self.rows, vrows, width) + 1, device=dev)
         pinned = dev.type == "cuda"
         self.host = torch.zeros(2 + self.rows, dtype=torch.long, pin_memory=pinned)
         self.meta = torch.zeros(2 + self.rows, dtype=torch.long, device=dev)
@@ -49,18 +63,60 @@ class FusedChain:
     def capture_s(self) -> float:
         return self.draft.capture_s + self.verify.capture_s
 
-    # ------------------------------------------------------------------ device programs
+    def _extend(self, meta: torch.Tensor, aux: torch.Tensor):
+        """The drafter over ``meta = [start, n, ids...]`` with ``aux [rows, 3H]``: the root row's logits
+        ``[1, Vd]`` and hidden ``[1, H]``, the root token ``[1]`` and the verify base slot ``[1]``."""
+        eng = self.eng
+        start, n, ids = meta[0:1], meta[1:2], meta[2:]
+        pos = start + self.ar[:self.rows]
+        logits, hidden = eng.drafter(ids[None], aux[None], pos, pos, self.dcols[None] <= pos[:, None], eng.dkv,
+                                     compiled=eng.compiled)
+        last = n - 1
+        return logits[0].index_select(0, last), hidden[0].index_select(0, last), ids.index_select(0, last), start + n
+
+    def _draft(self, meta, aux):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _verify(self, *args):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def cycle(self, seq: list[int], result, pending: torch.Tensor, start: int, timer) -> tuple[torch.Tensor, int]:
+        """``Engine._cycle`` after the first cycle (the pending positions, accepted tokens + bonus, number at
+        most ``steps + 1 <= rows``): extends ``seq`` and ``result``; returns the next pending aux and start."""
+        m, rows = len(seq), self.rows
+        toks = seq[start + 1:m]
+        n = len(toks)
+        timer.mark("draft")
+        self.host.numpy()[:] = [start, n, *toks, *toks[-1:] * (rows - n)]  # the last cycle's read synchronised
+        self.meta.copy_(self.host, non_blocking=True)
+        if pending.shape[0] < rows:  # after the unfused first cycle (k + 1 <= rows aux rows): pad to the fixed rows
+            pending = torch.cat([pending, pending[-1:].expand(rows - pending.shape[0], -1)])
+        vin = self.draft(self.meta, pending)
+        timer.mark("verify")
+        packed, aux = self.verify(*vin)
+        timer.mark("overhead")
+        vals = packed.tolist()  # [k, bonus, accepted tokens (steps)]
+        k = vals[0]
+        new = vals[2:2 + k] + [vals[1]]
+        for d in range(k):
+            result.accepted_per_depth[d] += 1
+        result.accept_lens.append(len(new))
+        seq += new
+        result.tokens += new
+        return aux[:rows], m - 1
+
+
+class FusedChain(_Fused):
+    """A greedy chain of ``steps`` drafts per cycle for one ``Engine`` (its caches, graphs and compile choice)."""
+
+    def __init__(self, engine, steps: int):
+        super().__init__(engine, steps, engine.pad_rows(max(steps + 1, 2)))
 
     def _draft(self, meta: torch.Tensor, aux: torch.Tensor):
         """``meta = [start, n, ids...]`` (ids padded to ``rows``), ``aux [rows, 3H]`` -> (verify ids, base slot)."""
         eng = self.eng
         dm, kv, c = eng.drafter, eng.dkv, eng.compiled
-        start, n, ids = meta[0:1], meta[1:2], meta[2:]
-        pos = start + self.ar
-        logits, hidden = dm(ids[None], aux[None], pos, pos, self.dcols[None] <= pos[:, None], kv, compiled=c)
-        last = n - 1
-        lg, h = logits[0].index_select(0, last), hidden[0].index_select(0, last)  # [1, Vd], [1, H]
-        base = start + n  # the verify's root slot; drafts of step s sit at base + s - 1 in the drafter
+        lg, h, root, base = self._extend(meta, aux)  # drafts of step s sit at base + s - 1 in the drafter
         toks = []
         for s in range(1, self.steps + 1):
             tok = dm.to_target(lg.argmax(-1))
@@ -70,43 +126,105 @@ class FusedChain:
             slot = base + (s - 1)
             lg, h = dm(tok[None], h[None], slot, slot, (self.dcols <= slot)[None], kv, compiled=c)
             lg, h = lg[0], h[0]
-        root = ids.index_select(0, last)
-        return torch.cat([root, *toks] + [root] * (self.rows - self.steps - 1)), base
+        return torch.cat([root, *toks] + [root] * (self.vrows - self.steps - 1)), base
 
     def _verify(self, vids: torch.Tensor, base: torch.Tensor):
-        """Target over ``vids [rows]`` at ``base..``; returns ``[k, argmax per row, vids]`` and aux ``[rows, 3H]``."""
+        """Target over ``vids [rows]`` at ``base..``; returns ``[k, bonus, chain]`` and aux ``[rows, 3H]``."""
         eng = self.eng
-        pos = base + self.ar
+        pos = base + self.ar[:self.vrows]
         logits, aux = eng.target(vids[None], pos, pos, self.tcols[None] <= pos[:, None], eng.tkv,
                                  compiled=eng.compiled)
         pred = logits[0].argmax(-1)
         k = (pred[:self.steps] == vids[1:self.steps + 1]).long().cumprod(0).sum().view(1)
-        return torch.cat([k, pred, vids]), aux[0]
+        return torch.cat([k, pred.index_select(0, k), vids[1:self.steps + 1]]), aux[0]
 
-    # ------------------------------------------------------------------ the cycle
 
-    def cycle(self, seq: list[int], result, pending: torch.Tensor, start: int, timer) -> tuple[torch.Tensor, int]:
-        """``Engine._cycle`` for a greedy chain after the first cycle (the pending positions, accepted tokens +
-        bonus, then number at most ``steps + 1 <= rows``): extends ``seq`` and ``result``; returns the next pending aux."""
-        m, rows = len(seq), self.rows
-        toks = seq[start + 1:m]
-        n = len(toks)
-        timer.mark("draft")
-        self.host.numpy()[:] = [start, n, *toks, *toks[-1:] * (rows - n)]  # the last cycle's read synchronised
-        self.meta.copy_(self.host, non_blocking=True)
-        if pending.shape[0] < rows:  # after the unfused first cycle (k + 1 <= rows aux rows): pad to the fixed rows
-            pending = torch.cat([pending, pending[-1:].expand(rows - pending.shape[0], -1)])
-        vids, base = self.draft(self.meta, pending)
-        timer.mark("verify")
-        packed, aux = self.verify(vids, base)
-        timer.mark("overhead")
-        vals = packed.tolist()
-        k = vals[0]
-        chain = vals[2 + rows:2 + rows + self.steps]
-        new = chain[:k] + [vals[1 + k]]
-        for d in range(k):
-            result.accepted_per_depth[d] += 1
-        result.accept_lens.append(len(new))
-        seq += new
-        result.tokens += new
-        return aux[:rows], m - 1
+class FusedTree(_Fused):
+    """A greedy ``(steps, topk, draft_tokens)`` tree per cycle for one ``Engine`` (see the module docstring)."""
+
+    def __init__(self, engine, steps: int, topk: int, draft_tokens: int):
+        super().__init__(engine, steps, engine.pad_rows(draft_tokens), width=topk)
+        dev = engine.device
+        self.topk, self.nodes = topk, draft_tokens - 1
+        self.walk = min(steps, self.nodes)  # the deepest acceptable path
+        k = topk
+        self.scratch = (steps - 1) * k  # drafter scratch slots of the frontier steps
+        self.no_anc = torch.zeros(k, max(self.scratch, 1), dtype=torch.bool, device=dev)
+        self.fresh = [self.no_anc.clone() for _ in range(steps - 1)]
+        for s, f in enumerate(self.fresh):  # frontier row r of step s + 2 sits at scratch slot s * k + r
+            f[torch.arange(k), s * k + torch.arange(k)] = True
+        self.depth = torch.tensor([1] * k + [d for d in range(2, steps + 1) for _ in range(k * k)], device=dev)
+        self.eye = torch.eye(self.vrows, dtype=torch.bool, device=dev)
+        self.real = (self.ar[:self.vrows] >= 1) & (self.ar[:self.vrows] <= self.nodes)
+
+    def _frontier_mask(self, anc: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """``[k, W]``: the prefix (slots < base) and each frontier row's ancestors among the scratch slots."""
+        rel = self.dcols - base
+        inside = (rel >= 0) & (rel < self.scratch)
+        return (rel < 0)[None] | (inside[None] & anc.index_select(1, rel.clamp(0, max(self.scratch - 1, 0))))
+
+    def _expand(self, f_score, f_did, f_idx, f_hid, anc, base, s: int, first: int):
+        """One drafter pass over the frontier of step ``s``; returns its children and the next frontier."""
+        dm, k = self.eng.drafter, self.topk
+        anc = anc | self.fresh[s - 2]
+        slots = base + (s - 2) * k + self.ar[:k]
+        pos = (base + (s - 2)).expand(k)  # root position + depth (s - 1)
+        lg, hid = dm(dm.to_target(f_did)[None], f_hid[None], pos, slots, self._frontier_mask(anc, base),
+                     self.eng.dkv, compiled=self.eng.compiled)
+        ch = torch.log_softmax(lg[0].float(), -1).topk(k, dim=-1)
+        scores = (f_score[:, None] + ch.values).flatten()
+        dids = ch.indices.flatten()
+        parents = f_idx.repeat_interleave(k)
+        sel = torch.sort(scores, descending=True, stable=True).indices[:k]
+        row = sel // k
+        return (scores, dids, parents), (scores[sel], dids[sel], first + sel, hid[0].index_select(0, row),
+                                         anc.index_select(0, row))
+
+    def _draft(self, meta: torch.Tensor, aux: torch.Tensor):
+        """-> (verify ids, depths, parent rows, base slot), each ``[vrows]`` but the base ``[1]``."""
+        dm, k = self.eng.drafter, self.topk
+        lg, h, root, base = self._extend(meta, aux)
+        top = torch.log_softmax(lg[0].float(), -1).topk(k)
+        cand = [(top.values, top.indices, torch.full((k,), -1, dtype=torch.long, device=lg.device))]
+        front = (top.values, top.indices, self.ar[:k], h.expand(k, -1), self.no_anc)
+        for s in range(2, self.steps + 1):
+            new, front = self._expand(*front, base, s, k + (s - 2) * k * k)
+            cand.append(new)
+        scores, dids, parents = (torch.cat(c) for c in zip(*cand))
+        keep = torch.sort(scores, descending=True, stable=True).indices[:self.nodes]
+        inv = torch.full_like(scores, -1, dtype=torch.long).scatter(0, keep, self.ar[:self.nodes])
+        par = parents.index_select(0, keep)
+        prow = torch.where(par >= 0, inv.index_select(0, par.clamp_min(0)) + 1, 0)  # 0: the root row
+        pad = self.vrows - self.nodes - 1
+        vids = torch.cat([root, dm.to_target(dids.index_select(0, keep)), root.repeat(pad)])
+        depth = torch.cat([self.ar[:1] * 0, self.depth.index_select(0, keep), self.ar[:pad] * 0])
+        prow = torch.cat([self.ar[:1], prow, self.ar[self.nodes + 1:self.vrows]])  # root and padding: themselves
+        return vids, depth, prow, base
+
+    def _verify(self, vids, depth, prow, base):
+        """Target over the tree; the greedy walk, the accepted rows moved next to the prefix.
+
+        Returns ``[k, bonus, accepted tokens (walk)]`` and the aux rows ``[rows, 3H]`` of root + path."""
+        eng = self.eng
+        anc = self.eye
+        for _ in range(self.walk):  # each row's ancestors (depth <= walk), itself included
+            anc = self.eye | anc.index_select(0, prow)
+        rel = self.tcols - base
+        inside = (rel >= 0) & (rel < self.vrows)
+        mask = (rel < 0)[None] | (inside[None] & anc.index_select(1, rel.clamp(0, self.vrows - 1)))
+        slots = base + self.ar[:self.vrows]
+        logits, aux = eng.target(vids[None], base + depth, slots, mask, eng.tkv, compiled=eng.compiled)
+        pred = logits[0].argmax(-1)
+        node = self.ar[:1] * 0
+        alive = torch.ones(1, dtype=torch.bool, device=vids.device)
+        path = [node]
+        for _ in range(self.walk):
+            match = (prow == node) & (vids == pred.index_select(0, node)) & self.real
+            alive = alive & match.any()
+            node = torch.where(alive, match.int().argmax().view(1), node)
+            path.append(node)
+        rows = torch.cat(path)  # [walk + 1]: root, accepted rows, then the last accepted row repeated
+        k = (rows[1:] != rows[:-1]).long().sum().view(1)
+        eng.tkv.move(base + rows, base + self.ar[:self.walk + 1])  # the commit: accepted K/V next to the prefix
+        keep = torch.cat([rows, rows[-1:].repeat(self.rows - self.walk - 1)])
+        return torch.cat([k, pred.index_select(0, node), vids.index_select(0, rows[1:])]), aux[0].index_select(0, keep)

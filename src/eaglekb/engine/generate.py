@@ -2,7 +2,8 @@
 
 Owns: ``SpecConfig`` (steps, topk, draft-token budget, temperature), ``Engine``
 (a target, an optional drafter, their static caches, allocated once) and the
-named steps of a cycle, gpt-fast style:
+named steps of a cycle, gpt-fast style (greedy cycles after the first run as the
+two device programs of ``eaglekb.engine.fused`` instead when fusing is on):
 
 ``prefill`` -> ``draft`` (drafter extend over newly verified positions, then a
 chain or tree) -> ``verify`` (one target pass over root + tree with a tree mask)
@@ -29,7 +30,7 @@ from eaglekb.engine import verify as V
 from eaglekb.engine.cuda_graphs import Graphed
 from eaglekb.engine.loop import DecodeLoop
 from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
-from eaglekb.engine.fused import FusedChain
+from eaglekb.engine.fused import FusedChain, FusedTree
 from eaglekb.engine.kv import causal_rows, mask_width, tree_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
@@ -112,9 +113,10 @@ class Engine:
         self.graphs = bool(graphs) and self.device.type == "cuda"
         # inductor-compiled layers inside the graphs (fixed shapes only); default: on with graphs
         self.compiled = self.graphs if compile is None else bool(compile)
-        # greedy chains as two device programs per cycle (``FusedChain``); default: on with graphs
+        # greedy chains and trees as two device programs per cycle (``FusedChain``, ``FusedTree``); default: on
+        # with graphs; keyed by (steps, topk, draft tokens)
         self.fused = self.graphs if fused is None else bool(fused)
-        self._fused: dict[int, FusedChain] = {}
+        self._fused: dict[tuple[int, int, int], FusedChain | FusedTree] = {}
         if self.compiled:
             target.compile()
             if drafter is not None:
@@ -179,7 +181,8 @@ class Engine:
             return next((b for b in ROW_BUCKETS if b >= n), n)
         return n
 
-    def check_fits(self, prompt_len: int, max_new_tokens: int, nodes: int = 0) -> None:
+    def check_fits(self, prompt_len: int, max_new_tokens: int, nodes: int = 0, frontier: int = 0) -> None:
+        """Refuse a prompt, budget or tree that does not fit the caches; ``frontier``: a tree's scratch slots."""
         need = prompt_len + max_new_tokens + (self.pad_rows(nodes + 1) if nodes else 1)
         if prompt_len < 1:
             raise BadInput("empty prompt", where="prompt", expected=">= 1 token", found="0")
@@ -191,6 +194,9 @@ class Engine:
         if nodes > self.max_nodes:
             raise BadInput("draft-token budget larger than the drafter scratch", where="--draft-tokens",
                            expected=f"<= {self.max_nodes + 1}", found=str(nodes + 1))
+        if frontier > self.max_nodes:
+            raise BadInput("tree frontier larger than the drafter scratch", where="--steps/--topk",
+                           expected=f"(steps - 1) x topk <= {self.max_nodes}", found=str(frontier))
 
     def _ids(self, prompt) -> torch.Tensor:
         ids = torch.as_tensor(prompt, dtype=torch.long, device=self.device).view(1, -1)
@@ -304,6 +310,17 @@ class Engine:
         result.tokens += new
         return pending, m - 1
 
+    def fused_cycle(self, cfg: SpecConfig) -> FusedChain | FusedTree | None:
+        """The fused cycle for ``cfg`` (built once per shape), or None where the named steps run (sampling, or
+        fusing off)."""
+        if not self.fused or cfg.temperature > 0:
+            return None
+        key = (cfg.steps, cfg.topk, cfg.draft_tokens)
+        if key not in self._fused:
+            self._fused[key] = FusedChain(self, cfg.steps) if cfg.topk == 1 else \
+                FusedTree(self, cfg.steps, cfg.topk, cfg.draft_tokens)
+        return self._fused[key]
+
     def generate(self, prompt, max_new_tokens: int, *, temperature: float = 0.0,
                  stop_ids: tuple[int, ...] = (), timer: PhaseTimer | None = None) -> GenResult:
         """Plain decoding with the engine's own target forward (the baseline)."""
@@ -333,7 +350,7 @@ class Engine:
         cfg = cfg or SpecConfig()
         ids = self._ids(prompt)
         n = ids.shape[1]
-        self.check_fits(n, max_new_tokens, cfg.nodes)
+        self.check_fits(n, max_new_tokens, cfg.nodes, (cfg.steps - 1) * cfg.topk if cfg.topk > 1 else 0)
         timer = timer or PhaseTimer(self.device, enabled=False)
         timer.mark("prefill")
         logits, aux = self.prefill(ids)
@@ -344,11 +361,7 @@ class Engine:
         # prompt length is a new eager shape, whose one-off cost would otherwise land in the first cycle's draft
         extended = self.draft_extend(seq[1:], aux[0], 0)
         pending, start = aux[0], 0
-        fused = None
-        if self.fused and cfg.topk == 1 and cfg.temperature <= 0:
-            if cfg.steps not in self._fused:
-                self._fused[cfg.steps] = FusedChain(self, cfg.steps)
-            fused = self._fused[cfg.steps]
+        fused = self.fused_cycle(cfg)
         with self._steps():
             while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
                 if fused is not None and extended is None:  # the first cycle consumes the prompt's extend

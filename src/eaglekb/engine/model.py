@@ -1,6 +1,7 @@
 """The target's forward, run by the engine itself over a transformers model's weights.
 
-Owns: a Llama / Qwen2 decoder forward (RMSNorm, rotary embeddings, grouped-query
+Owns: ``check_architecture`` (what the forward supports, judged from a config before weights load),
+a Llama / Qwen2 decoder forward (RMSNorm, rotary embeddings, grouped-query
 attention, SwiGLU MLP; Qwen2's q/k/v biases) that writes K/V into a ``StaticKV``
 by slot and reads the cache through a boolean mask, returning logits and the
 auxiliary hidden states EAGLE-3 reads (the residual stream entering each capture
@@ -34,6 +35,38 @@ from eaglekb.io.errors import Incompatible
 from eaglekb.models.layers import apply_rope, attend, group_mask, rms_norm, rope_tables, rope_theta, swiglu_fused
 
 SUPPORTED = ("llama", "qwen2")
+
+
+def check_architecture(cfg, where: str = "config") -> None:
+    """Refuse a target config the engine's forward would run wrong, from its config alone (before any weights load).
+
+    ``cfg``: a transformers config or its config.json as a dict; ``where``: how the user named it. Supported:
+    Llama and Qwen2 decoders with SiLU MLPs, full attention, default RoPE, biases on q/k/v only (Qwen2's).
+    """
+    get = cfg.get if isinstance(cfg, dict) else (lambda key, default=None: getattr(cfg, key, default))
+    kind, arch = get("model_type"), get("architectures") or []
+    found = f"{kind!r}" + (f" ({', '.join(map(str, arch))})" if arch else "")
+    if kind not in SUPPORTED:
+        raise Incompatible("target architecture not supported by the engine", where=f"{where}: model_type",
+                           expected=" or ".join(SUPPORTED) + " (Llama or Qwen2 decoder)", found=found)
+    if get("use_sliding_window"):
+        raise Incompatible("sliding-window attention not supported by the engine", where=f"{where}: use_sliding_window",
+                           expected="false (full attention in every layer)",
+                           found=f"true (sliding_window {get('sliding_window')})")
+    for key in ("attention_bias", "mlp_bias"):  # Llama's options: o_proj / MLP biases the engine does not add
+        if get(key):
+            raise Incompatible("target has biases the engine does not add", where=f"{where}: {key}",
+                               expected="false (Qwen2's q/k/v biases are the only ones supported)", found="true")
+    act = get("hidden_act") or "silu"
+    if act != "silu":
+        raise Incompatible("target activation not supported by the engine", where=f"{where}: hidden_act",
+                           expected="'silu' (SwiGLU)", found=repr(act))
+    params = get("rope_parameters") or {}
+    scaling = get("rope_scaling") or {}
+    rope = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope != "default":
+        raise Incompatible("unsupported rope scaling", where=f"{where}: rope_parameters.rope_type",
+                           expected="'default'", found=repr(rope))
 
 
 def decoder_layer(x, cos, sin, wqkv, bqkv, wo, ln1, ln2, wgu, wdown, k_cache, v_cache, slots, mask,
@@ -101,10 +134,7 @@ class TargetModel:
 
     def __init__(self, hf_model, capture_points: list[int], max_len: int):
         cfg = hf_model.config
-        kind = getattr(cfg, "model_type", None)
-        if kind not in SUPPORTED:
-            raise Incompatible("target architecture not supported by the engine", where="config:model_type",
-                               expected=" or ".join(SUPPORTED), found=repr(kind))
+        check_architecture(cfg)
         body = hf_model.model
         self.config = cfg
         self.n_layers = int(cfg.num_hidden_layers)

@@ -96,8 +96,8 @@ def profile_engine(engine, prompt: list[int], spec=None, steps: int = 20) -> dic
         draft = _graph_replay(engine._draft_step, 1 if spec.topk == 1 else spec.topk)
         if draft is not None:
             out["draft"] = profile_replays(draft, steps)
-        fused = engine._fused.get(spec.steps) if spec.topk == 1 else None
+        fused = engine._fused.get((spec.steps, spec.topk, spec.draft_tokens))
         for name, graphed in ((("fused_draft", fused.draft), ("fused_verify", fused.verify)) if fused else ()):
-            if graphed.graphs:  # the whole chain draft / verify + accept of a cycle, one replay each
+            if graphed.graphs:  # the whole chain or tree draft / verify + accept of a cycle, one replay each
                 out[name] = profile_replays(next(iter(graphed.graphs.values())).graph.replay, steps)
     return out

@@ -12,7 +12,11 @@ config.json) and its JSON (de)serialisation in both on-disk formats:
 
 plus the tensor-name constants, the name conversions between the two, and the files:
 ``read_config_json`` / ``read_config``, ``weight_files``, ``read_tensors``, and
-``write_drafter_files`` (config.json + model.safetensors, each written atomically).
+``write_drafter_files`` (config.json + model.safetensors, each written atomically); and the checks that
+``invoke inspect`` and every loader (probe, bench, finetune --init) share, so that nothing passes one
+and fails the other: ``layout_problems`` (heads that do not divide over the KV heads, an fc bias, another
+activation), ``expected_shapes`` (every tensor's shape from the config) and ``nonfinite_tensors`` (NaN or
+inf weights); ``is_drafter_folder`` says whether a folder looks like one (what ``--force`` may replace).
 
 Layer ids: eaglekb keeps ``aux_layer_ids`` in SGLang's config convention (SGLang
 captures ``id + 1``). Speculators configs are read by vLLM as capture points
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from eaglekb.io.errors import BadInput, Incompatible, IntegrityError, MissingFile, SchemaError
+from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, IntegrityError, MissingFile, SchemaError
 from eaglekb.io.files import atomic_save_safetensors, atomic_write_json, read_json, read_safetensors
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
@@ -147,6 +151,12 @@ class DrafterConfig:
             raise SchemaError("unknown config field", where=f"{where}:{unknown[0]}",
                               expected="a LlamaForCausalLMEagle3 field", found=repr(unknown[0]),
                               fix="remove or rename it (SGLang would ignore it silently)")
+        if doc.get("tie_word_embeddings"):
+            raise Incompatible("drafter config ties lm_head to the input embeddings", where=f"{where}:tie_word_embeddings",
+                               expected=f"false (an EAGLE-3 drafter has its own lm_head of {doc.get('draft_vocab_size')} "
+                                        "draft-vocab rows)",
+                               found="true: SGLang would use the target's embed_tokens as the head and skip the "
+                                     "trained lm_head")
         kwargs = {k: doc[k] for k in own if k in doc and k != "torch_dtype"}
         kwargs["torch_dtype"] = str(doc.get("torch_dtype") or doc.get("dtype") or "bfloat16")
         _check_rope(doc, where)
@@ -248,6 +258,72 @@ _REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key
              "draft_vocab_size")
 
 
+# ----------------------------------------------------------------------------- checks (inspect and loaders)
+
+
+def layout_problems(cfg: DrafterConfig, where: str = "config") -> list[tuple[str, EaglekbError]]:
+    """What in a config the drafter module (and SGLang's) cannot run, as (finding code, one-line error):
+    a loader raises the first, ``invoke inspect`` reports each as an error finding."""
+    out: list[tuple[str, EaglekbError]] = []
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    if heads % kv:
+        out.append(("heads-layout", SchemaError(
+            "heads not divisible by kv heads", where=f"{where}:num_key_value_heads",
+            expected="num_attention_heads % num_key_value_heads == 0 (whole groups of query heads)",
+            found=f"{heads} % {kv}")))
+    if cfg.head_dim is None and cfg.hidden_size % heads:
+        out.append(("heads-layout", SchemaError(
+            "hidden size not divisible by the heads", where=f"{where}:num_attention_heads",
+            expected="hidden_size % num_attention_heads == 0, or a head_dim", found=f"{cfg.hidden_size} % {heads}")))
+    if cfg.extra.get("bias"):
+        out.append(("fc-bias", Incompatible("fc bias is not supported", where=f"{where}:bias", expected="false",
+                                            found="true")))
+    if cfg.hidden_act != "silu":
+        out.append(("activation", Incompatible("unsupported activation", where=f"{where}:hidden_act",
+                                               expected="'silu'", found=repr(cfg.hidden_act))))
+    return out
+
+
+def expected_shapes(cfg: DrafterConfig, *, with_embeddings: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape (SGLang names) as the config describes it; the module built from it agrees."""
+    h, hd, i = cfg.hidden_size, cfg.dim_head, cfg.intermediate_size
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    mid = {"input_layernorm.weight": (h,), "hidden_norm.weight": (h,), "self_attn.q_proj.weight": (q, 2 * h),
+           "self_attn.k_proj.weight": (kv, 2 * h), "self_attn.v_proj.weight": (kv, 2 * h),
+           "self_attn.o_proj.weight": (h, q), "post_attention_layernorm.weight": (h,),
+           "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h), "mlp.down_proj.weight": (h, i)}
+    out = {"fc.weight": (h, cfg.fc_in), **{f"midlayer.{k}": v for k, v in mid.items()}, "norm.weight": (h,),
+           "lm_head.weight": (cfg.draft_vocab_size, h), "d2t": (cfg.draft_vocab_size,), "t2d": (cfg.vocab_size,)}
+    if with_embeddings:
+        out["embed_tokens.weight"] = (cfg.vocab_size, h)
+    return out
+
+
+def nonfinite_tensors(tensors: dict) -> list[str]:
+    """The names of the floating tensors that hold a NaN or an infinity (sorted)."""
+    import torch
+
+    return sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+
+
+def nonfinite_error(bad: list[str], where: str) -> IntegrityError:
+    """The one line for weights that are not all finite (a loader raises it; inspect reports it)."""
+    return IntegrityError("drafter weights hold NaN or inf", where=f"{where}:{bad[0]}", expected="finite numbers",
+                          found=f"{len(bad)} tensor(s) with NaN or inf: {', '.join(bad[:3])}",
+                          fix="retrain, or restore the drafter from where it came; a run would draft garbage")
+
+
+def is_drafter_folder(path: str | Path) -> bool:
+    """A plain folder of a config.json and safetensors weights, nothing else in folders or links (what
+    ``--force`` may replace with a drafter)."""
+    folder = Path(path)
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    entries = list(folder.iterdir())
+    return ((folder / CONFIG_FILE).is_file() and any(p.suffix == ".safetensors" for p in entries)
+            and not any(p.is_symlink() or p.is_dir() for p in entries))
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -293,13 +369,19 @@ def read_config_json(path: str | Path) -> dict:
     return doc
 
 
+def config_from_doc(doc: Any, where: str) -> tuple[DrafterConfig, str]:
+    """A drafter config.json's object (either format), checked; returns (config, format)."""
+    if not isinstance(doc, dict):
+        raise SchemaError("config.json is not an object", where=where, expected="a JSON object",
+                          found=type(doc).__name__)
+    if "speculators_model_type" in doc:
+        return DrafterConfig.from_speculators_json(doc, where), "speculators"
+    return DrafterConfig.from_sglang_json(doc, where), "sglang"
+
+
 def read_config(path: str | Path) -> tuple[DrafterConfig, str]:
     """Parse ``config.json`` of a drafter folder; returns (config, format)."""
-    cfg_path = Path(path) / CONFIG_FILE
-    doc = read_config_json(path)
-    if "speculators_model_type" in doc:
-        return DrafterConfig.from_speculators_json(doc, str(cfg_path)), "speculators"
-    return DrafterConfig.from_sglang_json(doc, str(cfg_path)), "sglang"
+    return config_from_doc(read_config_json(path), str(Path(path) / CONFIG_FILE))
 
 
 def weight_files(path: str | Path) -> list[Path]:

@@ -2,8 +2,11 @@
 
 Owns: ``inspect_checkpoint`` (config summary, every tensor's shape and dtype, parameter
 counts, findings), the named checks it runs (keys, config, shapes, mapping, dtypes,
-target), ``aux_layer_report`` and ``render_inspection``. Reads only headers and the
-d2t/t2d tensors, so multi-GB drafters inspect in seconds. The side-by-side comparison
+target), ``aux_layer_report`` and ``render_inspection``. Everything a loader (probe, bench,
+finetune --init) refuses is an error finding here too, through the same functions
+(``eaglekb.formats.drafter``: ``layout_problems``, ``expected_shapes``, ``nonfinite_tensors``), so that
+no folder passes inspect and fails a probe. Reads the headers, the d2t/t2d tensors, and each
+weight file once to check that every weight is finite. The side-by-side comparison
 of two checkpoints is ``eaglekb.formats.compare``.
 
 Each finding is ``{code, severity, message}`` with severity ``error`` (SGLang or
@@ -24,9 +27,19 @@ from typing import Any
 
 import torch
 
-from eaglekb.formats.drafter import OPTIONAL_KEYS, REQUIRED_KEYS, SGLANG_ARCH, read_config_json
+from eaglekb.formats.drafter import (
+    OPTIONAL_KEYS,
+    REQUIRED_KEYS,
+    SGLANG_ARCH,
+    expected_shapes,
+    layout_problems,
+    nonfinite_error,
+    nonfinite_tensors,
+    read_config,
+    read_config_json,
+)
 from eaglekb.formats.headers import folder_headers
-from eaglekb.io.errors import MissingFile
+from eaglekb.io.errors import EaglekbError, MissingFile
 from eaglekb.io.files import read_safetensors
 
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
@@ -219,6 +232,34 @@ def _check_shapes(flat: dict, shape: dict[str, list[int]], findings: list) -> No
                                  f"[{vocab}, {hidden}]"))
 
 
+def _check_like_loaders(folder: Path, tensors: dict, shape: dict[str, list[int]], findings: list) -> None:
+    """What every loader refuses (probe, bench, finetune --init), with the loaders' own checks: heads that do
+    not divide over the KV heads and other layouts the module cannot run, any tensor whose shape is not the
+    config's, and weights that are not all finite."""
+    try:
+        cfg, _fmt = read_config(folder)
+    except EaglekbError as exc:
+        cfg = None
+        if not any(f["severity"] == "error" for f in findings):  # what the loaders refuse, said once
+            findings.append(_finding("config-invalid", "error", exc.line()))
+    if cfg is not None:
+        for code, err in layout_problems(cfg, "config.json"):
+            findings.append(_finding(code, "error", err.line()))
+        said = " ".join(f["message"] for f in findings)
+        for key, want in expected_shapes(cfg, with_embeddings="embed_tokens.weight" in shape).items():
+            got = shape.get(key)
+            if got is not None and tuple(got) != want and key not in said:
+                findings.append(_finding("shape-mismatch", "error", f"{key} is {got}; the config gives {list(want)}"))
+    bad: list[str] = []
+    for file in sorted({t["file"] for t in tensors.values()}):
+        try:
+            bad += nonfinite_tensors(read_safetensors(folder / file))
+        except (RuntimeError, TypeError):  # a dtype torch cannot test (e.g. float8): not checked here
+            continue
+    if bad:
+        findings.append(_finding("nonfinite-weights", "error", nonfinite_error(bad, str(folder)).line()))
+
+
 def _check_dtypes(tensors: dict, findings: list) -> None:
     float_dtypes = sorted({t["dtype"] for t in tensors.values() if t["dtype"] in _FLOAT_DTYPES})
     if len(float_dtypes) > 1:
@@ -362,6 +403,7 @@ def inspect_with_mapping(path: str | Path, target: str | Path | None = None) -> 
     _check_keys(config, names, findings)
     _check_config(config, flat, findings)
     _check_shapes(flat, shape, findings)
+    _check_like_loaders(folder, tensors, shape, findings)
     mapping, selected = _check_mapping(folder, tensors, names, flat.get("vocab_size"),
                                        flat.get("draft_vocab_size"), findings)
     _check_dtypes(tensors, findings)

@@ -12,21 +12,31 @@ Owns:
   unreadable or truncated one ``IntegrityError``, each one line naming the file.
 * ``read_text`` / ``read_json``: a missing file, bytes that are not UTF-8, or bad JSON as one line.
 * ``flatten``: a nested dict to ``{dotted.path: value}`` (metric trees, configs).
+* the one rule for every output a command writes (``guard_output``, ``output_lock``, ``replace_folder``):
+  a command replaces only what it created in this run, or a path the user named together with
+  ``--force``, and never a file git tracks; a folder is replaced by writing the new one beside it and
+  renaming (the old copy stays until the new one is in place); two runs writing one output at once are
+  refused (a lock file beside it), not merged.
 
 Knows nothing about what the files mean (baselines, drafters, shards): their owners
-call these. Never loads pickle.
+call these (and say, through ``ours``, what an output of theirs looks like). Never loads pickle.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import shutil
+import socket
+import subprocess
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Iterator
 
-from eaglekb.io.errors import IntegrityError, MissingFile, SchemaError
+from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, SchemaError
 
 
 def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
@@ -153,3 +163,175 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[path] = value
     return out
+
+
+# --------------------------------------------------------------------------- outputs: the one rule
+
+
+def tracked_files(path: str | Path) -> list[str]:
+    """The files git tracks at or under ``path`` (repository-relative; none outside a work tree or without git)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return []
+    anchor = path if path.is_dir() and not path.is_symlink() else path.parent
+    try:
+        proc = subprocess.run(["git", "-C", str(anchor), "ls-files", "-z", "--full-name", "--",
+                               str(path.absolute())], capture_output=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if proc.returncode != 0:
+        return []
+    return [p for p in proc.stdout.decode(errors="replace").split("\0") if p]
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or a in b.parents or b in a.parents
+
+
+def guard_output(path: str | Path, *, where: str, force: bool = False, folder: bool = False,
+                 ours: Callable[[Path], bool] | None = None, reuse: bool = False, what: str = "output",
+                 inputs: Iterable[str | Path] = ()) -> bool:
+    """Check that a command may write ``path`` (one line naming ``where`` otherwise); True when something
+    is there that the write will replace or add to.
+
+    * a link, or a path that is, holds or is inside one of the command's ``inputs``: refused;
+    * nothing there, or an empty folder: fine;
+    * a file where a folder belongs or the reverse: refused;
+    * anything git tracks at or under it: refused, ``--force`` or not;
+    * ``reuse`` and ``ours(path)``: fine (a dataset a rerun resumes, a run ``--resume`` continues);
+    * otherwise only with ``--force``, and only where ``ours`` (when given) says it is what this command
+      writes (a drafter folder, a built site): ``--force`` never replaces something else.
+    """
+    path = Path(path)
+    noun = "folder" if folder else "file"
+    if path.is_symlink():
+        raise BadInput(f"will not write {what} through a link", where=where, expected=f"a new {noun}",
+                       found=f"a link to {os.readlink(path)}", fix="give the real path, or another one")
+    for source in inputs:
+        if source and _overlaps(path, Path(source)):
+            raise BadInput(f"{what} is, holds or is inside an input of this command", where=where,
+                           expected="a path apart from the inputs", found=f"input {source}",
+                           fix="choose another output path (writing there would replace the input)")
+    if not path.exists():
+        return False
+    if folder != path.is_dir():
+        raise BadInput(f"{what} is a {'file' if folder else 'folder'}", where=where, expected=f"a {noun}",
+                       found="a folder" if path.is_dir() else "a file", fix=f"choose another {noun}")
+    if folder and not any(path.iterdir()):
+        return False
+    tracked = tracked_files(path)
+    if tracked:
+        raise BadInput(f"{what} is a file the repository tracks" if not folder else
+                       f"{what} holds files the repository tracks", where=where,
+                       expected=f"a new {noun} or an untracked one", found=f"{len(tracked)} tracked, e.g. {tracked[0]}",
+                       fix="choose another path (a tracked file is never replaced, --force or not)")
+    is_ours = ours is None or ours(path)
+    if reuse and ours is not None and is_ours:
+        return True
+    if not force:
+        raise BadInput(f"{what} already exists", where=where, expected=f"a new {noun}",
+                       found=f"an existing {noun}" + ("" if is_ours else " of another kind"),
+                       fix=f"choose another path{' or pass --force to replace it' if is_ours else ''}")
+    if not is_ours:
+        article = "an" if what[:1] in "aeiou" else "a"
+        raise BadInput(f"--force replaces only {article} {what}", where=where,
+                       expected=f"{article} {what} (what this command writes)", found=f"another kind of {noun}",
+                       fix="choose another path; nothing was replaced")
+    return True
+
+
+def _lock_owner(lock: Path) -> tuple[str, int, str]:
+    try:
+        host, pid, since = lock.read_text(encoding="utf-8").split("\n")[:3]
+        return host, int(pid), since
+    except (OSError, ValueError):
+        return "", 0, "unknown"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    return True
+
+
+@contextlib.contextmanager
+def output_lock(path: str | Path, *, where: str) -> Iterator[Path]:
+    """Hold ``.NAME.lock`` beside ``path`` while a command writes it: a second run writing the same output
+    is refused in one line (not merged). A lock left by a process that is gone is taken over."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.parent / f".{path.name}.lock"
+    me = f"{socket.gethostname()}\n{os.getpid()}\n{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            host, pid, since = _lock_owner(lock)
+            if host == socket.gethostname() and not process_alive(pid):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)  # its process is gone: a stale lock
+                continue
+            raise BadInput("another run is writing this output", where=where, expected="one run per output",
+                           found=f"process {pid} on {host or 'an unknown host'} since {since} ({lock.name})",
+                           fix=f"wait for it or choose another output; if that run is gone, remove {lock}") from None
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(me)
+        break
+    else:  # pragma: no cover - a third process took the stale lock between our two tries
+        raise BadInput("another run is writing this output", where=where, found=lock.name)
+    try:
+        yield lock
+    finally:
+        with contextlib.suppress(OSError):
+            if lock.read_text(encoding="utf-8") == me:
+                os.unlink(lock)
+
+
+def new_sibling(path: str | Path, tag: str = "new") -> Path:
+    """A new empty hidden folder beside ``path`` (``.NAME.TAG-XXXX``) to write a replacement into."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}.{tag}-", dir=path.parent))
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def replace_folder(new: str | Path, dest: str | Path) -> Path:
+    """Put the finished folder ``new`` at ``dest``. An existing ``dest`` is swapped out in one step where the
+    system can (else moved aside to ``.NAME.old-*`` first) and removed only once ``new`` is in place: a
+    kill at any moment leaves the old folder or the new one, never neither."""
+    new, dest = Path(new), Path(dest)
+    if not dest.exists() and not dest.is_symlink():
+        os.replace(new, dest)
+        return dest
+    if _exchange(new, dest):
+        shutil.rmtree(new, ignore_errors=True)  # now the old copy
+        return dest
+    aside = new_sibling(dest, "old")
+    os.rmdir(aside)
+    os.replace(dest, aside)
+    try:
+        os.replace(new, dest)
+    except BaseException:
+        os.replace(aside, dest)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+    return dest

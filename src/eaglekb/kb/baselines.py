@@ -45,6 +45,7 @@ from eaglekb.kb.schema import (  # noqa: F401  (the schema's public names, re-ex
     unit_of,
 )
 from eaglekb.measure import provenance as _prov
+from eaglekb.measure.command import reproduce_command
 from eaglekb.kb.reproduce import (  # noqa: F401  (re-exported: the comparison of a run with a baseline)
     Calibration,
     Comparison,
@@ -163,9 +164,30 @@ def iter_files(root: Path | None = None) -> list[Path]:
     return sorted(p for p in base.glob("*/*.json") if p.is_file() or p.is_symlink())
 
 
-def load_all(root: Path | None = None) -> dict[str, Baseline]:
-    """Every baseline by id; the first invalid file raises SchemaError."""
-    return {b.id: b for b in (load(p) for p in iter_files(root))}
+def load_all(root: Path | None = None, *, current: bool = False) -> dict[str, Baseline]:
+    """Every baseline by id; the first invalid file raises SchemaError. With ``current`` (the site build),
+    also a file that the tree may no longer hold (``tree_problem``: schema v1, a dangling superseded_by)."""
+    files = iter_files(root)
+    out = {b.id: b for b in (load(p) for p in files)}
+    if current:
+        for path in files:
+            problem = tree_problem(out[f"{path.parent.name}/{path.stem}"], out, path)
+            if problem:
+                raise SchemaError(problem, where=str(path), fix="run `invoke baselines.identity`, then "
+                                  "`invoke baselines.check`")
+    return out
+
+
+def tree_problem(baseline: Baseline, ids: Any, path: Path | str) -> str | None:
+    """Why a valid file may not stay in the tree, or None: a schema v1 file (recorded before content
+    identity: no sha256 of its inputs, no reproduce command) or a ``superseded_by`` naming no baseline."""
+    if baseline.schema_version < SCHEMA_VERSION:
+        return (f"schema v{baseline.schema_version} baseline: no sha256 of its inputs and no reproduce command "
+                f"(schema v{SCHEMA_VERSION} requires both)")
+    sup = baseline.superseded_by
+    if sup and "/" in sup and " " not in sup and sup not in ids:
+        return f"superseded_by names {sup!r}, which is not a baseline"
+    return None
 
 
 def check_all(root: Path | None = None) -> tuple[list[str], list[str]]:
@@ -188,6 +210,13 @@ def check_all(root: Path | None = None) -> tuple[list[str], list[str]]:
             problems.append(_one_line(f"{path}: not in canonical format (sorted keys, 2-space indent); rewrite with `invoke baselines.check --fix`"))
             continue
         ok.append(baseline.id)
+    ids = {f"{p.parent.name}/{p.stem}" for p in iter_files(root)}
+    for bid in list(ok):
+        path = path_for(bid, root)
+        problem = tree_problem(load(path), ids, path)
+        if problem:
+            ok.remove(bid)
+            problems.append(_one_line(f"{path}: {problem}; fix: run `invoke baselines.identity`"))
     return ok, problems
 
 
@@ -195,8 +224,13 @@ def check_all(root: Path | None = None) -> tuple[list[str], list[str]]:
 
 
 def dumps(baseline: Baseline) -> str:
-    """Canonical text: sorted keys, 2-space indent, trailing newline."""
-    return stable_json(baseline.model_dump(mode="json"))
+    """Canonical text: sorted keys, 2-space indent, trailing newline; the optional fields that schema v2 added
+    are left out where empty (a v1 file reads back as it was written)."""
+    data = baseline.model_dump(mode="json")
+    for holder, key in ((data, "superseded_by"), (data["provenance"], "reproduce"), (data["provenance"], "inputs")):
+        if holder.get(key) is None:
+            holder.pop(key, None)
+    return stable_json(data)
 
 
 @contextlib.contextmanager
@@ -233,7 +267,16 @@ def build(
     created_at: str | None = None,
     provenance: dict[str, Any] | None = None,
 ) -> Baseline:
-    """A validated Baseline with provenance captured now (or given, for a run made on another machine)."""
+    """A validated Baseline with provenance captured now (or given, for a run made on another machine).
+
+    A measured result also gets its content identity (``provenance.inputs``: the sha256 of the drafter,
+    target and dataset its config names, hashed here unless the given provenance carries them) and its
+    reproduce command (``provenance.reproduce``: the command with ``--compare`` for ``--record``)."""
+    root = root or find_root()
+    provenance = dict(provenance) if provenance is not None else _prov.capture(command, root)
+    if source == "measured":
+        provenance.setdefault("inputs", _prov.content_identity(config, root))
+        provenance.setdefault("reproduce", reproduce_command(provenance["command"]))
     data = {
         "schema_version": SCHEMA_VERSION,
         "kind": kind,
@@ -242,7 +285,7 @@ def build(
         "source": source,
         "summary": summary,
         "citation": citation.model_dump() if isinstance(citation, Citation) else citation,
-        "provenance": provenance if provenance is not None else _prov.capture(command, root or find_root()),
+        "provenance": provenance,
         "config": config,
         "metrics": metrics,
         "better": better or {},
@@ -254,7 +297,8 @@ def build(
     try:
         return Baseline.model_validate(data)
     except ValidationError as exc:
-        raise SchemaError("result does not match schema v1", where=f"{kind}/{name}", found=one_line(exc)) from None
+        raise SchemaError(f"result does not match schema v{SCHEMA_VERSION}", where=f"{kind}/{name}",
+                          found=one_line(exc)) from None
 
 
 def _jsonable(value: Any) -> Any:

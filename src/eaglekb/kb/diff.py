@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from eaglekb.io.errors import BadInput, EaglekbError, Unavailable, one_line
 from eaglekb.io.files import flatten
-from eaglekb.kb.baselines import allowed_delta, find_root
+from eaglekb.kb.baselines import MAX_FILE_BYTES, allowed_delta, find_root
 from eaglekb.kb.baselines import read_text as read_baseline_text
 from eaglekb.kb.schema import Baseline, Direction, Series, StrictModel, direction, parse
 
@@ -193,6 +193,10 @@ def _read_git(root: Path, commit: str, label: str) -> tuple[dict[str, str], list
         if shown.returncode != 0:
             error = (shown.stderr.decode(errors="replace").strip().splitlines() or ["git show failed"])[0]
             problems.append(Problem(revision=label, path=path, error=f"cannot read: {error}"))
+            continue
+        if len(shown.stdout) > MAX_FILE_BYTES:  # the same limit as a file in the working tree
+            problems.append(Problem(revision=label, path=path, error=f"baseline file too large: "
+                                    f"{len(shown.stdout)} bytes, expected at most {MAX_FILE_BYTES}"))
             continue
         try:
             texts[path] = shown.stdout.decode("utf-8")
@@ -433,3 +437,20 @@ def diff(rev_a: str | None = None, rev_b: str | None = None, *, root: Path | Non
     changes += [compare_baselines(b, None, old_path=p) for p, b in sorted(removed.items())]
     return DiffReport(rev_a=name_a, rev_b=rev_b, commit_a=commit_a, commit_b=commit_b,
                       threshold_rel=threshold_rel, changes=changes, problems=problems, unchanged=unchanged)
+
+
+def last_commit(root: Path, path: str) -> str:
+    """``HASH DATE`` of the last commit that touched PATH (plus a note for uncommitted changes), or "uncommitted"."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h %cs", "--", path], cwd=root,
+                             capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except OSError:
+        out = ""
+    if not out:
+        return "uncommitted"
+    try:  # a build from a working tree with edited baselines shows numbers no commit has
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", path], cwd=root,
+                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except OSError:
+        dirty = ""
+    return out + (" plus uncommitted changes" if dirty else "")

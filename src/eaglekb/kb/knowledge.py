@@ -23,12 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from eaglekb.io.errors import DocsError, SchemaError
 from eaglekb.io.files import flatten
 from eaglekb.kb import render
+from eaglekb.kb.current import headline as current_headline
 from eaglekb.kb.reproduce import allowed_delta, is_timing
 from eaglekb.kb.schema import Baseline, direction, unit_of
 
 Status = Literal["open", "confirmed", "refuted", "superseded", "contested"]
 STATUSES: tuple[str, ...] = ("open", "confirmed", "refuted", "superseded", "contested")
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 _FRONT = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.S)
 _ID = re.compile(r"^F\d{2}-[a-z0-9-]+$")
 
@@ -60,6 +61,8 @@ class Finding(Record):
     evidence: list[str] = Field(min_length=1, description="baseline ids (KIND/NAME)")
     reproduce: list[str] = Field(description="the runbook commands that reproduce this kind of result, in order")
     superseded_by: str | None = None
+    headline: str | None = Field(None, description="the finding's headline number in a few words, with "
+                                 "placeholders (rendered in llms.txt and knowledge.json)")
     page: str | None = Field(None, description="docs path, filled in when read from a page")
 
     @field_validator("reproduce", mode="before")
@@ -222,12 +225,15 @@ def key_metrics(b: Baseline) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _baseline_entry(b: Baseline, cited_by: list[str]) -> dict[str, Any]:
+def _baseline_entry(b: Baseline, cited_by: list[str], superseded_by: str | None = None) -> dict[str, Any]:
     p = b.provenance
     system = render.measured_system(b)
     return {
         "kind": b.kind, "source": b.source, "summary": b.summary, "created_at": b.created_at,
-        "command": p.command, "config": b.config, "git_commit": p.git_commit, "git_dirty": p.git_dirty,
+        "command": p.reproduce if b.source == "measured" else None, "recorded_with": p.command,
+        "inputs": {k: v.model_dump(exclude_none=True) for k, v in (p.inputs or {}).items()},
+        "superseded_by": superseded_by,
+        "config": b.config, "git_commit": p.git_commit, "git_dirty": p.git_dirty,
         "metrics": flatten(b.metrics), "key_metrics": key_metrics(b), "noise": b.noise.model_dump(),
         "host": p.host.model_dump(), "host_text": render.host_text(p.host),
         "host_role": "copied the cited numbers (measured nothing)" if system else "measured this result",
@@ -239,6 +245,7 @@ def _baseline_entry(b: Baseline, cited_by: list[str]) -> dict[str, Any]:
 
 def _finding_entry(f: Finding) -> dict[str, Any]:
     out = f.model_dump(exclude_none=True)
+    out["headline"] = f.headline
     out["source"] = f"docs/{f.page}" if f.page else None
     out["page"] = page_url(f.page) if f.page else None
     out["evidence_urls"] = {bid: baseline_urls(bid) for bid in f.evidence}
@@ -246,9 +253,11 @@ def _finding_entry(f: Finding) -> dict[str, Any]:
 
 
 def index(findings: dict[str, Finding], baselines: dict[str, Baseline], plan: Plan | None = None,
-          recipes: dict[str, Recipe] | None = None, defaults: dict[str, str] | None = None) -> dict[str, Any]:
+          recipes: dict[str, Recipe] | None = None, defaults: dict[str, str] | None = None,
+          current: list[dict[str, Any]] | None = None, superseded: dict[str, str] | None = None) -> dict[str, Any]:
     """The machine-readable knowledge index (knowledge.json): URLs are relative to the site root; DEFAULTS
-    names what the runbooks use when no option is given (the default target and drafter)."""
+    names what the runbooks use when no option is given (the default target and drafter); CURRENT is the
+    current view (``eaglekb.kb.current.view``) and SUPERSEDED what no longer holds, by id."""
     cited: dict[str, list[str]] = {}
     for fid, f in sorted(findings.items()):
         for bid in f.evidence:
@@ -258,8 +267,12 @@ def index(findings: dict[str, Finding], baselines: dict[str, Baseline], plan: Pl
         "urls": "relative to the site root (where this file is); a baseline's JSON is published beside its page",
         "defaults": dict(defaults or {}),
         "findings": {fid: _finding_entry(f) for fid, f in sorted(findings.items())},
-        "baselines": {bid: _baseline_entry(b, cited.get(bid, [])) for bid, b in sorted(baselines.items())},
+        "baselines": {bid: _baseline_entry(b, cited.get(bid, []), (superseded or {}).get(bid))
+                      for bid, b in sorted(baselines.items())},
     }
+    if current is not None:
+        out["current"] = [dict(row, headline=current_headline(row), **baseline_urls(row["baseline"]))
+                          for row in current]
     if plan is not None:
         out["plan"] = dict(plan.model_dump(), page=page_url("plan.md"))
     if recipes:
@@ -309,3 +322,49 @@ def agent_text(text: str, base_urls: list[str], exists: Callable[[str], bool], f
             line = _table_row(line)
         lines.append(line if fence else _LINK.sub(link, line))
     return "\n".join(lines)
+
+
+def md_text(value: Any) -> str:
+    """Data text for one line of llms.txt: Markdown's active characters escaped, on one line."""
+    text = " ".join(str(value).split())
+    text = re.sub(r"<(?=[A-Za-z/!?])", "&lt;", text)
+    return re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
+
+
+def finding_line(f: Finding, headline: str | None) -> str:
+    """A finding as llms.txt lists it: link, status, headline number."""
+    url = page_url(f.page or f"findings/{f.id}.md") + "index.md"
+    head = f"; {md_text(headline)}" if headline else ""
+    return f"- [{f.id}: {md_text(f.title)}]({url}): **{f.status}**{head}"
+
+
+def current_line(row: dict[str, Any]) -> str:
+    """A row of the current view as llms.txt lists it: link, setup, numbers, reproduce command."""
+    def ident(x: dict[str, Any] | None) -> str:
+        return "-" if x is None else f"{x['path']} ({(x['sha256'] or 'hash unknown')[:12]})"
+
+    what = {"probe": "acceptance", "bench": "throughput"}[row["kind"]]
+    setup_text = ", ".join(f"{k} {v}" for k, v in row["config"].items() if v is not None and k != "point")
+    text = (f"{what} on {row['machine']}; target {ident(row['target'])}; drafter {ident(row['drafter'])}; "
+            f"prompts {row['prompts']['name']}; {row['shape']}; {setup_text}: {current_headline(row)}")
+    reproduce = f"; reproduce: `{row['reproduce']}`" if row.get("reproduce") and "`" not in row["reproduce"] else ""
+    return f"- [{md_text(row['baseline'])}]({baseline_urls(row['baseline'])['page']}index.md): {md_text(text)}{reproduce}"
+
+
+def llms_txt(text: str, findings: list[str], current: list[str]) -> str:
+    """llms.txt per the llms.txt convention: the plugin's sections, with the Findings section one line per
+    finding (status, headline number) after its index, and a "Current results" section after "Start"."""
+    parts = re.split(r"(?m)^(?=## )", text)
+    out = []
+    for part in parts:
+        title = part.splitlines()[0] if part.startswith("## ") else None
+        if title == "## Findings":
+            index_line = next((l for l in part.splitlines() if l.rstrip().endswith("findings/index.md)")), None)
+            part = "\n".join(["## Findings", "", *([index_line] if index_line else []), *findings]) + "\n\n"
+        out.append(part)
+        if title == "## Start":
+            out.append("\n".join(["## Current results", "",
+                                  "The newest result per setup (target and drafter by sha256, prompts, machine, "
+                                  "config), chain and tree apart; knowledge.json holds the same rows as `current`.",
+                                  "", *current]) + "\n\n")
+    return "".join(out)

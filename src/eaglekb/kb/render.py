@@ -15,12 +15,13 @@ the text goes.
 from __future__ import annotations
 
 import io
+import json
 import math
 from typing import Any, Iterable
 
 from eaglekb.io.errors import DocsError
 from eaglekb.io.files import flatten
-from eaglekb.kb.schema import UNITS, Baseline, direction, unit_of
+from eaglekb.kb.schema import KINDS, NAME_RULES, SCHEMA_VERSION, UNITS, Baseline, direction, json_schema, unit_of
 from eaglekb.measure.viability import expected_accept_len
 
 
@@ -98,6 +99,24 @@ def metric_text(baseline: Baseline, path: str) -> str:
     return text
 
 
+def config_text(baseline: Baseline, path: str, where: str) -> str:
+    """One config value of a baseline as the site shows it (a number, a string, a list of numbers)."""
+    node = baseline.config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise DocsError("config field not found", where=where, expected="a dotted path into the baseline's "
+                               "config", found=path)
+        node = node[part]
+    if isinstance(node, list) and all(isinstance(v, (int, float)) for v in node):
+        return ", ".join(fmt(v) for v in node)
+    if isinstance(node, (int, float)) and not isinstance(node, bool):
+        return fmt(node)
+    if isinstance(node, str):
+        return node
+    raise DocsError("config field is not a value", where=where, expected="a number, a string or a list of "
+                       "numbers", found=type(node).__name__)
+
+
 def _unit_label(path: str) -> str:
     unit = unit_of(path.rsplit(".", 1)[-1])
     return UNITS[unit][0] if unit else ""
@@ -158,6 +177,16 @@ def measured_system(baseline: Baseline) -> str | None:
     return "; ".join(parts) or (f"as described in {baseline.citation.document}" if baseline.citation else None)
 
 
+def inputs_lines(baseline: Baseline) -> list[str]:
+    """One list item per input the run read: its path and sha256 (or why it is unknown), and how it was known."""
+    lines = []
+    for key, e in sorted((baseline.provenance.inputs or {}).items())[:MAX_ROWS]:
+        ident = f"sha256 {code(e.sha256)}" if e.sha256 else f"sha256 unknown: {safe(e.unknown, 1000)}"
+        how = f" ({safe(e.basis, 1000)})" if e.basis else ""
+        lines.append(f"    - {code(key)} = {code(e.path, 1000)} ({safe(e.role)}): {ident}{how}")
+    return lines
+
+
 def provenance_block(baseline: Baseline) -> str:
     p = baseline.provenance
     system = measured_system(baseline)
@@ -165,8 +194,11 @@ def provenance_block(baseline: Baseline) -> str:
              f"- **copied on**: {safe(host_text(p.host), 1000)} (the machine that recorded the report's numbers "
              "into this file; it measured nothing)"] if system else
             [f"- **host**: {safe(host_text(p.host), 1000)}"])
+    inputs = inputs_lines(baseline)
     lines = [
-        f"- **command**: {code(p.command, 1000)}",
+        *([f"- **reproduce**: {code(p.reproduce, 1000)}"] if p.reproduce else []),
+        f"- **command**: {code(p.command, 1000)}" + (" (the command that recorded it)" if p.reproduce else ""),
+        *(["- **inputs** (identity by content):", *inputs] if inputs else []),
         f"- **git**: {code(p.git_commit or 'unknown')}" + (" (dirty)" if p.git_dirty else ""),
         *host,
         "- **versions**: " + safe(", ".join(f"{k} {v}" for k, v in sorted(p.versions.items()) if v), 2000),
@@ -177,9 +209,12 @@ def provenance_block(baseline: Baseline) -> str:
     return "\n".join(lines)
 
 
-def baseline_page(baseline: Baseline, plots: Iterable[str] = ()) -> str:
-    """The whole Markdown page of one baseline."""
+def baseline_page(baseline: Baseline, plots: Iterable[str] = (), superseded_by: str | None = None) -> str:
+    """The whole Markdown page of one baseline; SUPERSEDED_BY (its own mark, or the newer result on its setup)
+    is shown at the top."""
     parts = [f"# {baseline.id}", ""]
+    if superseded_by:
+        parts += ['!!! warning "Superseded: not a current result"', f"    {safe(superseded_by, 1000)}", ""]
     if baseline.summary:
         parts += [f"**{safe(baseline.summary, 1000)}**", ""]
     if baseline.source == "recorded" and baseline.citation:
@@ -191,7 +226,10 @@ def baseline_page(baseline: Baseline, plots: Iterable[str] = ()) -> str:
             "",
         ]
     else:
-        parts += ['!!! success "Measured by a runbook"', f"    Rerun: {code(baseline.provenance.command, 1000)}", ""]
+        p = baseline.provenance
+        parts += ['!!! success "Measured by a runbook"',
+                  f"    Reproduce (reruns it and compares, records nothing): {code(p.reproduce or p.command, 1000)}", "",
+                  f"    Recorded with: {code(p.command, 1000)}", ""]
     plots = list(plots)
     if plots:  # curves first: a long metric table would push them out of sight
         parts += ["## Plots", ""] + [line for rel in plots for line in (f"![{baseline.id}]({rel})", "")]
@@ -223,6 +261,22 @@ def index_table(baselines: dict[str, Baseline], link: Any = None) -> str:
         name = f"[{bid}]({link(bid)})" if link else f"`{bid}`"
         rows.append(f"| {name} | {b.source} | {safe(b.summary or '', 200)} | {safe(b.created_at[:10])} |")
     return "\n".join(rows)
+
+
+def schema_reference() -> str:
+    """The baseline schema reference (kinds, units, better direction, the JSON Schema), as Markdown."""
+    units = "\n".join(f"| `{u}` | {desc} | {better} |" for u, (desc, better) in UNITS.items())
+    kinds = "\n".join(f"| `{k}` | {desc} |" for k, desc in KINDS.items())
+    schema = json.dumps(json_schema(), indent=2, sort_keys=True)
+    return (
+        f"### Kinds\n\n| kind | holds |\n|---|---|\n{kinds}\n\n"
+        f"### Metric units\n\nEvery metric name ends in one of these suffixes.\n\n"
+        f"| suffix | unit | better by default |\n|---|---|---|\n{units}\n\n"
+        "### Better direction\n\nA baseline's `better` map decides; otherwise the first of these words found in the "
+        "metric's dotted path, in this order; otherwise the unit's default above.\n\n"
+        "| word | better |\n|---|---|\n" + "\n".join(f"| `{w}` | {d} |" for w, d in NAME_RULES) + "\n\n"
+        f"### JSON Schema (v{SCHEMA_VERSION})\n\n```json\n{schema}\n```\n"
+    )
 
 
 # --------------------------------------------------------------------------- plots

@@ -14,6 +14,9 @@ machines' calibrations first; the verdict then reads "acceptance reproduced; thi
 1.40x slower" instead of "NOT reproduced" on a busy laptop. A run without a calibration compares
 timings as they are and says that it could not normalise them.
 
+A comparison also names the inputs whose content differs (``inputs_differ``: the same path holding
+other weights), so that "reproduced" is never read as "the same drafter" when it was not.
+
 Knows nothing about where baselines live (``eaglekb.kb.baselines``) or how they are shown.
 """
 
@@ -85,6 +88,9 @@ class Comparison(StrictModel):
     timing_reproduced: bool | None = None
     calibration: Calibration | None = None
     checks: list[MetricCheck]
+    #: inputs whose content differs between the two runs (config key -> "recorded sha256 -> new sha256"):
+    #: a path can name other files than it did when the baseline was recorded
+    inputs_differ: dict[str, str] = {}
 
     def _word(self) -> str:
         return "acceptance" if self.baseline_id.split("/")[0] in ("probe", "bench") else "results"
@@ -119,6 +125,8 @@ class Comparison(StrictModel):
                       f"{len(bad_tim)} of {len(tim)} timings outside tolerance {norm}")
             head += f"; {self.speed_text()}; {timing}"
         lines = [head]
+        for key, change in sorted(self.inputs_differ.items()):
+            lines.append(f"  input {key} differs by content: {change} (the same path held other files)")
         for c in bad_det + bad_tim:
             new = "missing" if c.new is None else f"{c.new:.6g}"
             norm = f" ({c.normalised:.6g} at the recorded speed)" if c.normalised is not None else ""
@@ -170,5 +178,13 @@ def compare(new: Baseline, recorded: Baseline) -> Comparison:
     det = [c.within for c in checks if not c.timing]
     tim = [c.within for c in checks if c.timing]
     return Comparison(baseline_id=recorded.id, reproduced=all(det) if det else all(tim),
-                      timing_reproduced=all(tim) if tim else None, calibration=cal, checks=checks)
+                      timing_reproduced=all(tim) if tim else None, calibration=cal, checks=checks,
+                      inputs_differ=inputs_differ(new, recorded))
+
+
+def inputs_differ(new: Baseline, recorded: Baseline) -> dict[str, str]:
+    """Inputs both runs hashed whose sha256 differs: config key -> "OLD -> NEW" (first 12 hex digits each)."""
+    old_in, new_in = recorded.provenance.inputs or {}, new.provenance.inputs or {}
+    return {k: f"{old_in[k].sha256[:12]} -> {new_in[k].sha256[:12]}" for k in sorted(set(old_in) & set(new_in))
+            if old_in[k].sha256 and new_in[k].sha256 and old_in[k].sha256 != new_in[k].sha256}
 

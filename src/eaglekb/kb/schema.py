@@ -1,7 +1,9 @@
 """The baselines schema: what a file under ``baselines/`` may hold, and how its metrics are read.
 
 Owns: the versioned result schema (pydantic, ``extra="forbid"``): ``Citation``,
-``Host``, ``Provenance``, ``Noise``, ``Series`` and ``Baseline``; the result kinds;
+``Host``, ``InputIdentity``, ``Provenance``, ``Noise``, ``Series`` and ``Baseline``; what schema
+v2 requires of a measured result (the sha256 of every input its config names, and a reproduce
+command that overwrites nothing; v1 files stay readable for diffs against old revisions); the result kinds;
 metric naming rules (every metric name ends in a unit, ``UNITS``); the better
 direction of a metric (``NAME_RULES``, ``direction``); parsing a file's text into a
 ``Baseline`` with one-line errors; and the JSON Schema export.
@@ -22,8 +24,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eaglekb.io.errors import SchemaError
 from eaglekb.io.files import flatten
+from eaglekb.measure.command import reproduce_command, writes_baselines
+from eaglekb.measure.provenance import config_inputs
 
-SCHEMA_VERSION = 1
+#: The version new baselines are written with. Version 1 (no content identity, no reproduce command) is
+#: still read, for diffs against old revisions; ``invoke baselines.check`` refuses it in the tree.
+SCHEMA_VERSION = 2
+SHA256_RE = r"^[0-9a-f]{64}$"
 
 #: Result kinds; one folder each under baselines/.
 KINDS: dict[str, str] = {
@@ -104,8 +111,36 @@ class Host(StrictModel):
     cuda: str | None = None
 
 
+class InputIdentity(StrictModel):
+    """A file or folder a run read, by content: its sha256 beside the path the config names."""
+
+    role: Literal["drafter", "target", "dataset", "file"] = Field(description="what the input is")
+    path: str = Field(description="the path (or embedded model name) as the config records it")
+    sha256: str | None = Field(None, pattern=SHA256_RE, description=(
+        "sha256 of the identifying files read in order (drafter: config.json then *.safetensors; target: its "
+        "weights, or an embedded model's pinned GGUF; dataset: manifest.json); None when unknown"))
+    files: dict[str, str] = Field(default_factory=dict, description="file name -> its own sha256")
+    basis: str | None = Field(None, description="how the hash was obtained (at run time, or from git history)")
+    unknown: str | None = Field(None, description="why there is no hash (required when sha256 is None)")
+    git: str | None = Field(None, description="COMMIT:PATH where these exact files are in git history")
+
+    @model_validator(mode="after")
+    def _hash_or_reason(self) -> "InputIdentity":
+        if (self.sha256 is None) == (not self.unknown):
+            raise ValueError("an input holds either sha256 (with its basis) or unknown (the reason), not both")
+        if self.sha256 is not None and not self.basis:
+            raise ValueError("an input's sha256 needs its basis (how it was obtained)")
+        return self
+
+
 class Provenance(StrictModel):
     command: str = Field(description="the exact command that produced this file")
+    reproduce: str | None = Field(None, description=(
+        "a command that reruns this result and compares with it, overwriting nothing (`--compare NAME`, no "
+        "`--record` or `--force`); required for measured results from schema v2, None for a cited report"))
+    inputs: dict[str, InputIdentity] | None = Field(None, description=(
+        "config key -> content identity of the file it names (drafter, target, dataset); required for "
+        "measured results from schema v2"))
     git_commit: str | None = Field(description="commit the command ran at (None outside git)")
     git_dirty: bool | None = Field(description="uncommitted changes to tracked files at the time")
     host: Host
@@ -158,7 +193,7 @@ class Series(StrictModel):
 class Baseline(StrictModel):
     """One result under review: stable, diffable, carrying what is needed to rerun it."""
 
-    schema_version: Literal[1] = Field(description="version of this schema")
+    schema_version: Literal[1, 2] = Field(description="version of this schema (new files: 2)")
     kind: str = Field(description="result kind; the folder under baselines/")
     name: str = Field(description="file name without .json; unique within the kind")
     created_at: str = Field(description="UTC time the result was produced, ISO 8601")
@@ -175,6 +210,9 @@ class Baseline(StrictModel):
     )
     series: dict[str, Series] = Field(default_factory=dict, description="curves for plots")
     noise: Noise
+    superseded_by: str | None = Field(None, description=(
+        "the baseline id (KIND/NAME) that replaces this result, or why it no longer holds; a superseded "
+        "result is never the current one"))
 
     @field_validator("kind")
     @classmethod
@@ -226,11 +264,37 @@ class Baseline(StrictModel):
             for path in mapping:
                 if path not in paths:
                     raise ValueError(f"{field_name} names metric {path!r}, which is not in metrics")
+        if self.schema_version >= 2 and self.source == "measured":
+            _check_identity(self)
         return self
 
     @property
     def id(self) -> str:
         return f"{self.kind}/{self.name}"
+
+
+def _check_identity(b: "Baseline") -> None:
+    """Schema v2, measured: every input the config names has its content identity, and the reproduce
+    command reruns the result without recording (``--compare NAME`` for the ``--record NAME`` it ran with)."""
+    p = b.provenance
+    if p.inputs is None:
+        raise ValueError("provenance.inputs is missing: schema v2 records the sha256 of every input the config "
+                         "names (run `invoke baselines.identity`)")
+    for key, (role, value) in config_inputs(b.config).items():
+        entry = p.inputs.get(key)
+        if entry is None or entry.path != value:
+            raise ValueError(f"provenance.inputs lacks {key!r} ({role} {value!r} in config): no sha256 for it "
+                             "(run `invoke baselines.identity`)")
+    if not p.reproduce:
+        raise ValueError("provenance.reproduce is missing: a measured result carries a command that reruns it "
+                         "and overwrites nothing (run `invoke baselines.identity`)")
+    writes = writes_baselines(p.reproduce)
+    if writes:
+        raise ValueError(f"provenance.reproduce carries {', '.join(writes)}: it must rerun and compare, "
+                         f"overwriting nothing (expected {reproduce_command(p.command)!r})")
+    want = reproduce_command(p.command)
+    if want and "--compare" in want and "--compare" not in p.reproduce:
+        raise ValueError(f"provenance.reproduce does not compare with the recorded result (expected {want!r})")
 
 
 def _check_metric_tree(tree: Any, where: str) -> None:
@@ -316,7 +380,8 @@ def parse(text: str, where: str) -> Baseline:
     try:
         return Baseline.model_validate(data)
     except ValidationError as exc:
-        raise SchemaError("baseline does not match schema v1", where=where, found=one_line(exc)) from None
+        version = data.get("schema_version") if data.get("schema_version") in (1, 2) else SCHEMA_VERSION
+        raise SchemaError(f"baseline does not match schema v{version}", where=where, found=one_line(exc)) from None
     except RecursionError:
         raise SchemaError("baseline is nested too deeply", where=where, expected="JSON nested a few levels",
                           found="deeper than the schema check goes") from None

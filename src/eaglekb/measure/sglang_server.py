@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 
 from eaglekb.io.errors import BadInput, MissingFile, Unavailable, one_line
-from eaglekb.io.files import atomic_write_json, read_json
+from eaglekb.io.files import atomic_write_json, process_alive, read_json
 from eaglekb.measure.sglang import LaunchConfig, command_line, launch_command
 from eaglekb.models.server import SGLangClient
 
-STATE_DIR = Path(".eaglekb") / "sglang"
+#: where launch keeps a state file and a log per port (``EAGLEKB_SGLANG_STATE`` overrides: on a lent machine whose
+#: working tree is replaced between calls, keep it under /tmp)
+STATE_DIR = Path(os.environ.get("EAGLEKB_SGLANG_STATE") or Path(".eaglekb") / "sglang")
 SERVER_INFO_KEYS = ("version", "model_path", "served_model_name", "dtype", "tp_size", "attention_backend",
                     "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
                     "speculative_eagle_topk", "speculative_num_draft_tokens", "mem_fraction_static",
@@ -35,18 +37,6 @@ SERVER_INFO_KEYS = ("version", "model_path", "served_model_name", "dtype", "tp_s
 
 def state_path(port: int, state_dir: Path = STATE_DIR) -> Path:
     return Path(state_dir) / f"server-{port}.json"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    with contextlib.suppress(OSError):  # a zombie (exited, not yet reaped) is not a server
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    return True
 
 
 def last_log_lines(log: Path, n: int = 3) -> str:
@@ -74,7 +64,7 @@ def launch(cfg: LaunchConfig, *, site: str | Path | None = None, log: Path | Non
     state = state_path(cfg.port, state_dir)
     if state.is_file():
         old = read_json(state, what="server state")
-        if isinstance(old, dict) and isinstance(old.get("pid"), int) and _alive(old["pid"]):
+        if isinstance(old, dict) and isinstance(old.get("pid"), int) and process_alive(old["pid"]):
             raise BadInput("a server we started is already running on that port", where=f"--port {cfg.port}",
                            found=f"pid {old['pid']}", fix=f"invoke sglang.stop --port {cfg.port}, or another --port")
     client = SGLangClient(f"http://{cfg.host}:{cfg.port}", timeout=5)
@@ -106,7 +96,7 @@ def wait_ready(doc: dict, *, timeout_s: float = 600.0, progress: bool = True, in
     t0, last = time.perf_counter(), 0.0
     proc = doc.get("_proc")
     while True:
-        code = proc.poll() if proc is not None else (None if _alive(doc["pid"]) else -1)
+        code = proc.poll() if proc is not None else (None if process_alive(doc["pid"]) else -1)
         if code is not None:
             raise Unavailable(f"SGLang server exited during start-up (exit {code})", where=doc["log"],
                               found=f"last log lines: {last_log_lines(Path(doc['log']))}")
@@ -132,14 +122,14 @@ def wait_ready(doc: dict, *, timeout_s: float = 600.0, progress: bool = True, in
 
 def stop_pid(pid: int, *, grace_s: float = 30.0) -> bool:
     """SIGTERM the process group ``pid`` leads, SIGKILL after ``grace_s``; False if it was not running."""
-    if not _alive(pid):
+    if not process_alive(pid):
         return False
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.perf_counter() + grace_s
-    while _alive(pid) and time.perf_counter() < deadline:
+    while process_alive(pid) and time.perf_counter() < deadline:
         time.sleep(0.5)
-    if _alive(pid):
+    if process_alive(pid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
         time.sleep(1.0)

@@ -2,6 +2,7 @@
 
 Owns: ``check_model_folder`` (config.json a JSON object whose size fields are whole numbers in range and
 whose float fields are numbers; weights in safetensors only, a pickle checkpoint refused and never opened;
+the output head the config promises present in the weights, ``check_head``;
 a config that describes a model far larger than its weight files refused before any allocation), and
 ``load_causal_lm`` (transformers' ``from_pretrained`` with safetensors only, no remote code, and its
 failures as one line naming the folder). Knows nothing about drafters, prompts or the task runner.
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglekb.io.errors import EaglekbError, IntegrityError, MissingFile, SchemaError
-from eaglekb.io.files import read_json, safetensors_keys
+from eaglekb.io.files import read_json, read_safetensors, safetensors_keys
 
 #: Whole-number size fields of a transformers config and their largest sane value.
 INT_FIELDS = {"hidden_size": 1 << 17, "num_hidden_layers": 4096, "num_attention_heads": 4096,
@@ -84,6 +85,43 @@ def weight_files(folder: Path) -> list[Path]:
     return safetensors
 
 
+#: model types whose transformers config defaults to an untied lm_head (tie_word_embeddings false).
+UNTIED_BY_DEFAULT = ("llama", "qwen2", "mistral")
+
+
+def check_head(folder: Path, cfg: dict[str, Any], keys: dict[str, Path]) -> None:
+    """The output head the config promises is the one the weights hold (transformers would not say).
+
+    Untied (``tie_word_embeddings`` false) without an ``lm_head.weight``: transformers initialises the head at
+    random, a model that only looks loaded. Tied with a stored ``lm_head.weight`` that differs from
+    ``embed_tokens``: transformers drops the stored head (qwen2.5-coder-0.5b's GGUF holds its own ``output``
+    tensor, so a tied config would run another model than the file).
+    """
+    tied = cfg.get("tie_word_embeddings")
+    if tied is None:
+        if cfg.get("model_type") not in UNTIED_BY_DEFAULT:
+            return
+        tied = False
+    head = next((k for k in keys if k.endswith("lm_head.weight")), None)
+    embed = next((k for k in keys if k.endswith("embed_tokens.weight")), None)
+    where = str(folder / "config.json")
+    if not tied and head is None and embed is not None:
+        raise IntegrityError("config expects its own lm_head but the weights hold none", where=f"{where}: "
+                             "tie_word_embeddings", expected="lm_head.weight in the safetensors (or "
+                             "tie_word_embeddings: true)", found=f"false, and only {embed} (transformers would "
+                             "initialise lm_head at random)")
+    if tied and head is not None and embed is not None:
+        h = read_safetensors(keys[head], keys=[head])[head]
+        e = read_safetensors(keys[embed], keys=[embed])[embed]
+        if h.shape != e.shape or not bool((h == e).all()):
+            gap = f"max |difference| {float((h.float() - e.float()).abs().max()):.3g}" if h.shape == e.shape \
+                else f"shapes {list(h.shape)} vs {list(e.shape)}"
+            raise IntegrityError("config ties lm_head to the input embeddings, but the weights hold a different "
+                                 "lm_head", where=f"{where}: tie_word_embeddings",
+                                 expected=f"false (use the stored {head}) or a head equal to {embed}",
+                                 found=f"true, stored head differs ({gap}); transformers would drop it")
+
+
 def stored_bytes(files: list[Path]) -> int:
     """Bytes of tensor data in safetensors files (their sizes on disk; the headers are small)."""
     return sum(p.stat().st_size for p in files)
@@ -106,8 +144,10 @@ def check_model_folder(folder: str | Path, *, weights: bool = True) -> dict[str,
     if not files:
         raise MissingFile("model folder has no weights", where=str(folder), expected="*.safetensors files",
                           found="none")
+    keys = {}
     for file in files:
-        safetensors_keys(file)  # a truncated or corrupt file: one line naming it
+        keys.update(dict.fromkeys(safetensors_keys(file)[0], file))  # a corrupt file: one line naming it
+    check_head(folder, cfg, keys)
     params, stored = estimated_params(cfg), stored_bytes(files)
     if params > 8 * stored + (64 << 20):
         raise IntegrityError("model config describes a model far larger than its weights", where=str(folder),

@@ -27,7 +27,14 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from eaglekb.formats.drafter import DrafterConfig, read_drafter_files, write_drafter_files
+from eaglekb.formats.drafter import (
+    DrafterConfig,
+    layout_problems,
+    nonfinite_error,
+    nonfinite_tensors,
+    read_drafter_files,
+    write_drafter_files,
+)
 from eaglekb.formats.mapping import check_mapping, mapping_from_selected
 from eaglekb.io.errors import BadInput, Incompatible, SchemaError
 from eaglekb.models.layers import apply_rope, attend, inv_freq, rms_norm, rope_cos_sin, swiglu
@@ -253,16 +260,11 @@ class Eagle3Drafter(nn.Module):
 
 
 def _check_supported(cfg: DrafterConfig) -> None:
-    """Refuse configs this module would run wrong: uneven GQA, an fc bias, another activation."""
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise SchemaError("heads not divisible by kv heads", where="config",
-                          expected="num_attention_heads % num_key_value_heads == 0",
-                          found=f"{cfg.num_attention_heads} % {cfg.num_key_value_heads}")
-    if cfg.extra.get("bias"):
-        raise Incompatible("fc bias is not supported", where="config:bias", expected="false", found="true")
-    if cfg.hidden_act != "silu":
-        raise Incompatible("unsupported activation", where="config:hidden_act",
-                           expected="'silu'", found=repr(cfg.hidden_act))
+    """Refuse configs this module would run wrong (uneven GQA, an fc bias, another activation): the checks
+    ``invoke inspect`` reports too (``eaglekb.formats.drafter.layout_problems``)."""
+    problems = layout_problems(cfg)
+    if problems:
+        raise problems[0][1]
 
 
 # ----------------------------------------------------------------------------- build, save, load
@@ -358,6 +360,9 @@ def load_drafter(path: str | Path, *, dtype: str | None = None, device: str = "c
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     _check_tensors(path, tensors, expected, strict)
     check_mapping(tensors["d2t"], cfg.vocab_size, cfg.draft_vocab_size, tensors.get("t2d"), str(path))
+    bad = nonfinite_tensors({k: tensors[k] for k in expected})
+    if bad:
+        raise nonfinite_error(bad, str(path))
     model.load_state_dict({k: tensors[k] for k in expected}, strict=True, assign=True)
     if dtype is not None:
         model.to(getattr(torch, dtype))

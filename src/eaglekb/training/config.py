@@ -14,6 +14,10 @@ from dataclasses import dataclass, fields
 from eaglekb.io.errors import BadInput, SchemaError
 
 POSITIONS = ("runtime", "specforge")
+#: Autocast dtypes of the TTT forward on CUDA ("none": float32); the CPU runs float32.
+AMP = ("bfloat16", "none")
+#: torch.compile of the TTT unroll: auto (on with CUDA), on, off.
+COMPILE = ("auto", "on", "off")
 #: How sequences form batches: shuffled, or shuffled then grouped by length (same epoch, less padding).
 BATCHING = ("random", "length")
 #: Noise of a recorded training run: one run, 30% (GPU kernels and data order move losses and accuracies).
@@ -56,8 +60,15 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     device: str = "auto"  # auto, cpu, cuda
     amp: str = "bfloat16"  # autocast dtype on CUDA (bfloat16 or none); CPU runs float32
+    compile: str = "auto"  # torch.compile of the TTT unroll: auto (on with CUDA), on, off; errors fall back to eager
+    loss_chunk: int = 4096  # positions per chunk of the draft-vocab loss (no full logits); 0: full logits
+    profile: bool = False  # time each phase of a step (CUDA events on a GPU, wall clock on CPU)
     online_target: str | None = None  # target folder for data with online features
     resume: bool = False  # continue from the newest checkpoint in out
+    new_data: bool = False  # on resume: continue on another dataset (same mapping, drafter shape and schedule)
+    resume_from: str | None = None  # a folder of checkpoint pieces (--pieces-out of another machine): join, resume
+    pieces_out: str | None = None  # write the last checkpoint there in pieces of piece_mib (machines that go away)
+    piece_mib: float = 16.0  # the largest piece of --pieces-out, MiB
     stop_after: int | None = None  # stop after this many steps of this process (tests, interruptions)
 
     FINGERPRINT = ("val_data", "val_fraction", "max_val_sequences", "draft_vocab_size", "intermediate_size",
@@ -77,6 +88,13 @@ class TrainConfig:
         if self.positions not in POSITIONS:
             raise BadInput("unknown TTT position mode", where="positions", expected=" or ".join(POSITIONS),
                            found=repr(self.positions))
+        for name, allowed in (("amp", AMP), ("compile", COMPILE)):
+            if getattr(self, name) not in allowed:
+                raise BadInput(f"unknown {name} mode", where=f"--{name}", expected=", ".join(allowed),
+                               found=repr(getattr(self, name)))
+        if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
+            raise BadInput("loss chunk must be a whole number >= 0", where="--loss-chunk",
+                           expected="positions per chunk (0: full logits)", found=repr(self.loss_chunk))
         if self.batching not in BATCHING:
             raise BadInput("unknown batching", where="batching", expected=" or ".join(BATCHING),
                            found=repr(self.batching))
@@ -88,5 +106,8 @@ class TrainConfig:
         if not 0 <= self.val_fraction < 1:
             raise BadInput("option out of range", where="val_fraction", expected="0 <= f < 1",
                            found=str(self.val_fraction))
+        if not self.piece_mib > 0:
+            raise BadInput("piece size out of range", where="--piece-mib", expected="> 0 (MiB)",
+                           found=str(self.piece_mib))
         if self.lr <= 0:
             raise BadInput("option out of range", where="lr", expected="> 0", found=str(self.lr))

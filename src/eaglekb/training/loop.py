@@ -4,12 +4,15 @@ Owns: ``prepare`` (open the data, choose the draft-vocab mapping, build or load 
 drafter and move an init drafter's lm_head to the data's mapping, wrap it in the TTT
 unroll; everything checked before anything is written), ``train`` (AdamW, warmup +
 cosine ``lr_at``, gradient clipping, deterministic data order, periodic validation and
-checkpoints, ``--resume``, DDP when run under torchrun; writes ``out/metrics.json``
+checkpoints, ``--resume``, per-phase ``--profile``, DDP when run under torchrun; writes ``out/metrics.json``
 and ``out/drafter``) and ``evaluate`` (validation on held-out sequences).
 
-The pieces it runs: ``eaglekb.training.config`` (options), ``.ttt`` (the TTT unroll and
-loss), ``.batches`` (split, order, padding), ``.checkpoints``, ``.distributed``,
-``.report``; processes are started by ``.launch``.
+The pieces it runs: ``eaglekb.training.config`` (options), ``.drafters`` (the mapping and
+the drafter a run starts from), ``.ttt`` (the TTT unroll and loss), ``.loss`` (the loss
+over the draft vocabulary), ``.speed`` (profile, autocast, compile), ``.batches`` (split,
+order, padding), ``.checkpoints`` (also in pieces across machines: ``--pieces-out``,
+``--resume-from``, ``--new-data``), ``.distributed``, ``.report``; processes are started
+by ``.launch``.
 
 Knows nothing about generation (``eaglekb.data.datagen`` makes the data), vocab
 statistics beyond calling ``eaglekb.data.vocab``, or the task runner.
@@ -17,8 +20,6 @@ statistics beyond calling ``eaglekb.data.vocab``, or the task runner.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
 import math
 import time
@@ -30,19 +31,18 @@ import torch
 
 from eaglekb.data.features import OnlineFeatures
 from eaglekb.data.generation import load_target
-from eaglekb.data.vocab import counts_from_dataset
-from eaglekb.formats.drafter import read_config
-from eaglekb.formats.mapping import Mapping, build_mapping, load_mapping
 from eaglekb.formats.shards import open_dataset
 from eaglekb.io.errors import BadInput, Incompatible
 from eaglekb.io.files import atomic_write_json
-from eaglekb.models.drafter import Eagle3Drafter, build_drafter_for_target, load_drafter, save_drafter
-from eaglekb.training import remap
+from eaglekb.models.drafter import save_drafter
 from eaglekb.training.batches import Batches, collate, loss_counts, sequence_lengths, split_indices
-from eaglekb.training.checkpoints import list_checkpoints, load_checkpoint, save_checkpoint
+from eaglekb.training.checkpoints import (data_changed, list_checkpoints, load_checkpoint, newest_pack,
+                                          pack_checkpoint, save_checkpoint, unpack_checkpoint)
 from eaglekb.training.config import METRICS, TrainConfig
+from eaglekb.training.drafters import choose_mapping, data_mapping, drafter_for  # noqa: F401 (data_mapping: API)
 from eaglekb.training.distributed import all_reduce, barrier, dist_info, pick_device
 from eaglekb.training.report import build_report, summarise
+from eaglekb.training.speed import StepProfile, autocast, probe_compile, wants_compile
 from eaglekb.training.ttt import TTTModel, step_norms
 
 Log = Callable[[str], None]
@@ -76,9 +76,9 @@ def prepare(cfg: TrainConfig) -> Run:
     ds = open_dataset(cfg.data)
     features = _online_features(cfg, ds, device)
     val_ds, train_idx, val_idx = _split(cfg, ds)
-    mapping, mapping_report = _choose_mapping(cfg, ds)
+    mapping, mapping_report = choose_mapping(cfg, ds)
     notes: list[str] = []
-    drafter = _drafter_for(cfg, ds, mapping, mapping_report, notes)
+    drafter = drafter_for(cfg, ds, mapping, mapping_report, notes)
     if ds.target["hidden_size"] != (drafter.config.target_hidden_size or drafter.config.hidden_size):
         raise Incompatible("dataset hidden size does not match the drafter", where=cfg.data,
                            expected=str(drafter.config.target_hidden_size), found=str(ds.target["hidden_size"]))
@@ -89,7 +89,9 @@ def prepare(cfg: TrainConfig) -> Run:
         raise Incompatible("target embeddings do not fit the drafter", where=cfg.data,
                            expected=f"width {drafter.config.hidden_size}", found=f"width {embed.shape[1]}")
     model = TTTModel(drafter, embed, head, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-                     positions=cfg.positions).to(device)
+                     positions=cfg.positions, loss_chunk=cfg.loss_chunk).to(device)
+    if wants_compile(cfg.compile, device):
+        model.compile_unroll()
     total = cfg.steps or max(1, math.ceil(cfg.epochs * len(train_idx) / cfg.batch_size))
     fingerprint = {k: getattr(cfg, k) for k in TrainConfig.FINGERPRINT}
     fingerprint.update(total_steps=total, data=ds.manifest["identity_hash"],
@@ -109,6 +111,15 @@ def _online_features(cfg: TrainConfig, ds, device: torch.device):
                        expected="the target folder", found="none")
     t = load_target(path, device=str(device), dtype="bfloat16" if device.type == "cuda" else "float32",
                             capture_points=ds.capture_points)
+    want, c = ds.target, t.model.config
+    shape = lambda h, v, n: f"hidden {h}, vocab {v}, {n} layers"  # noqa: E731
+    if (c.hidden_size, c.vocab_size, c.num_hidden_layers) != (want["hidden_size"], want["vocab_size"],
+                                                               want["num_hidden_layers"]):
+        raise Incompatible("the online target is another model than the one that made the dataset", where=str(path),
+                           expected=shape(want["hidden_size"], want["vocab_size"], want["num_hidden_layers"])
+                           + f" (the target of {cfg.data})",
+                           found=shape(c.hidden_size, c.vocab_size, c.num_hidden_layers),
+                           fix="pass --online-target the folder of the dataset's target")
     return OnlineFeatures(t, store_final_hidden=True)
 
 
@@ -127,92 +138,6 @@ def _split(cfg: TrainConfig, ds):
                            found=f"hidden {val_ds.target['hidden_size']}, points {val_ds.capture_points}")
     counts = loss_counts(val_ds, cfg.max_len)
     return val_ds, train_idx, [i for i, c in enumerate(counts) if c > 0][: cfg.max_val_sequences]
-
-
-def _choose_mapping(cfg: TrainConfig, ds):
-    """The run's mapping (a file, or built from the data) and the start of its report."""
-    if cfg.mapping:
-        mapping = load_mapping(cfg.mapping)
-        if mapping.vocab_size != ds.target["vocab_size"]:
-            raise Incompatible("mapping is for another target vocab", where=cfg.mapping,
-                               expected=str(ds.target["vocab_size"]), found=str(mapping.vocab_size))
-        source = f"file {cfg.mapping}"
-    else:
-        size = read_config(cfg.init)[0].draft_vocab_size if cfg.init else cfg.draft_vocab_size
-        mapping = data_mapping(ds, size)
-        source = f"built from the data's loss-masked tokens (top {size})"
-    return mapping, {"source": source, "draft_vocab_size": mapping.draft_vocab_size,
-                     "coverage_frac": mapping.meta.get("coverage_frac")}
-
-
-def data_mapping(dataset, draft_vocab_size: int) -> Mapping:
-    """The SpecForge-semantics mapping of the data's loss-masked tokens (``eaglekb.data.vocab``); a draft
-    vocab larger than the target's is refused (``select_top``), never clamped."""
-    v = dataset.target["vocab_size"]
-    return build_mapping(counts_from_dataset(dataset.path, v), draft_vocab_size)
-
-
-def _drafter_for(cfg: TrainConfig, ds, mapping, mapping_report: dict, notes: list[str]):
-    """A fresh drafter for the data's target, or the init drafter moved to ``mapping``."""
-    config_ids = [c - 1 for c in ds.capture_points]
-    if not cfg.init:
-        return build_drafter_for_target(
-            ds.target, mapping.draft_vocab_size, intermediate_size=cfg.intermediate_size, mapping=mapping.selected,
-            aux_layer_ids=config_ids, torch_dtype="bfloat16", seed=cfg.seed)
-    drafter = load_drafter(cfg.init, dtype="float32")
-    _check_init(cfg.init, drafter.config, ds, config_ids)
-    same = torch.equal(drafter.d2t.cpu(), mapping.d2t) if drafter.d2t.numel() == mapping.d2t.numel() else False
-    if same:
-        mapping_report["init"] = "same mapping as the data: no remap"
-    elif cfg.remap:
-        rows = ds.target_head()[1].float() if ds.features == "stored" else None
-        drafter, mapping_report["remap"] = _remap(drafter, mapping, rows)
-        notes.append(f"init drafter's mapping differs from the data's: lm_head rows remapped by target token id "
-                     f"({mapping_report['remap']})")
-    else:
-        if mapping.draft_vocab_size != drafter.config.draft_vocab_size:
-            raise Incompatible("--no-remap keeps the init lm_head: the draft vocab size must not change",
-                               where="--mapping", expected=str(drafter.config.draft_vocab_size),
-                               found=str(mapping.draft_vocab_size))
-        drafter.set_mapping(mapping.d2t)
-        notes.append("init drafter's mapping differs from the data's and --no-remap was given: d2t replaced "
-                     "WITHOUT moving lm_head rows (reproduces the misaligned-head failure; do not ship)")
-        mapping_report["remap"] = "skipped (--no-remap)"
-    return drafter
-
-
-def _check_init(where: str, dc, ds, config_ids: list[int]) -> None:
-    """The init drafter reads the data's target: hidden size, vocab, aux layers."""
-    tgt = ds.target
-    if (dc.target_hidden_size or dc.hidden_size) != tgt["hidden_size"]:
-        raise Incompatible("dataset hidden size does not match the init drafter", where=where,
-                           expected=f"target_hidden_size {tgt['hidden_size']} (the data's)",
-                           found=str(dc.target_hidden_size or dc.hidden_size))
-    if dc.vocab_size != tgt["vocab_size"]:
-        raise Incompatible("init drafter is for another target vocab", where=where,
-                           expected=str(tgt["vocab_size"]), found=str(dc.vocab_size))
-    if dc.aux_layer_ids is not None and list(dc.aux_layer_ids) != config_ids:
-        raise Incompatible("init drafter reads other aux layers than the data holds", where=where,
-                           expected=f"aux_layer_ids {config_ids} (data capture points {ds.capture_points})",
-                           found=str(dc.aux_layer_ids))
-
-
-def _remap(drafter, mapping, target_rows: torch.Tensor | None):
-    """The init drafter moved to ``mapping``: lm_head rows by target token id (``eaglekb.training.remap``)."""
-    src = Mapping(d2t=drafter.d2t.detach().cpu().clone(), vocab_size=drafter.config.vocab_size)
-    init = remap.DEFAULT_INIT if target_rows is not None else remap.FALLBACK_INIT
-    head, plan = remap.remap_lm_head(drafter.lm_head.weight.detach().float().cpu(), src, mapping, init=init,
-                                     target_rows=target_rows)
-    if mapping.draft_vocab_size != drafter.config.draft_vocab_size:
-        cfg = dataclasses.replace(drafter.config, draft_vocab_size=mapping.draft_vocab_size)
-        moved = Eagle3Drafter(cfg, with_embeddings=drafter.embed_tokens is not None)
-        state = {k: v for k, v in drafter.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
-        moved.load_state_dict({**moved.state_dict(), **state})
-        drafter = moved
-    with torch.no_grad():
-        drafter.lm_head.weight.copy_(head.to(drafter.lm_head.weight.dtype))
-    drafter.set_mapping(mapping.d2t)
-    return drafter, {**plan.counts(), "init": init}
 
 
 def _target_tables(ds, features) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,9 +166,7 @@ def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
 
 
 def _autocast(run: Run):
-    if run.device.type == "cuda" and run.cfg.amp == "bfloat16":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    return autocast(run.device, run.cfg.amp)
 
 
 def evaluate(run: Run, model: TTTModel) -> dict | None:
@@ -279,6 +202,7 @@ class Progress:
     window_tokens: int = 0
     window_seconds: float = 0.0
     last_val: dict | None = None
+    profile: dict | None = None
 
 
 def _empty_history() -> dict[str, dict[str, float]]:
@@ -290,7 +214,7 @@ def _start(run: Run, opt, log: Log | None) -> Progress:
     """Refuse a used ``out`` without ``--resume``; with it, restore the newest checkpoint."""
     cfg, out = run.cfg, Path(run.cfg.out)
     existing = list_checkpoints(out)
-    if existing and not cfg.resume:
+    if existing and not (cfg.resume or cfg.resume_from):
         raise BadInput("output folder already holds a training run", where=str(out),
                        expected="an empty or new folder", found=existing[-1].name,
                        fix="pass --resume to continue it, or another --out (nothing was overwritten)")
@@ -299,7 +223,11 @@ def _start(run: Run, opt, log: Log | None) -> Progress:
         if cfg.resume and log:
             log("no checkpoint to resume from: starting at step 0")
         return Progress(_empty_history(), window)
-    doc = load_checkpoint(existing[-1], run.drafter, opt, run.fingerprint)
+    doc = load_checkpoint(existing[-1], run.drafter, opt, run.fingerprint, new_data=cfg.new_data)
+    if data_changed(doc, run.fingerprint):
+        run.notes.append(f"continued on other data at step {doc['step']} (--new-data): dataset "
+                         f"{run.fingerprint['data']} ({run.fingerprint['data_tokens']} tokens), the checkpoint's "
+                         f"{doc['fingerprint'].get('data')} ({doc['fingerprint'].get('data_tokens')} tokens)")
     run.model.refresh_mapping()
     if log:
         log(f"resumed from {existing[-1]} at step {doc['step']}")
@@ -316,22 +244,46 @@ def _wrap(run: Run, world: int):
                broadcast_buffers=False)
 
 
-def _train_step(run: Run, ddp, opt, items: list[int], step: int) -> tuple[torch.Tensor, int, float]:
-    """One optimiser step on this process's share of ``items``: (counts, tokens over processes, seconds)."""
-    cfg = run.cfg
+def _batch(run: Run, items: list[int], timer=None) -> tuple[dict, torch.Tensor]:
+    """This process's share of ``items`` padded into a batch, the target's features added once (online data),
+    and the loss positions per TTT step over all processes."""
     rank, world = dist_info()
+    if timer is not None:
+        timer.mark("data")
+    batch = collate(run.dataset, items[rank::world], run.cfg.max_len, run.device)
+    norms = all_reduce(step_norms(batch["loss_mask"], run.cfg.ttt_steps))
+    if run.features is not None:
+        if timer is not None:
+            timer.mark("target")
+        batch.update(run.features(batch["input_ids"], batch["valid"]))
+    return batch, norms
+
+
+def _train_step(run: Run, ddp, opt, items: list[int], step: int, timer=None) -> tuple[torch.Tensor, int, float]:
+    """One optimiser step on this process's share of ``items``: (counts, tokens over processes, seconds).
+
+    ``timer``: a ``PhaseTimer`` marking the phases of ``eaglekb.training.speed.PHASES`` (profiling)."""
+    cfg = run.cfg
+    _rank, world = dist_info()
     t0 = time.perf_counter()
-    batch = collate(run.dataset, items[rank::world], cfg.max_len, run.device, run.features)
-    norms = all_reduce(step_norms(batch["loss_mask"], cfg.ttt_steps))
+    batch, norms = _batch(run, items, timer)
     for g in opt.param_groups:
         g["lr"] = lr_at(step, run.total_steps, cfg)
+    run.model.timer = timer
     with _autocast(run):
         loss, st = ddp(batch, norms, world)
+    run.model.timer = None
+    if timer is not None:
+        timer.mark("backward")
     opt.zero_grad(set_to_none=True)
     loss.backward()
+    if timer is not None:
+        timer.mark("optimizer")
     if cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(run.drafter.parameters(), cfg.grad_clip)
     opt.step()
+    if timer is not None:
+        timer.mark("sync")
     ntok = torch.tensor([float(batch["valid"].sum())], device=run.device)
     stats = all_reduce(st.double())
     if run.device.type == "cuda":
@@ -369,22 +321,35 @@ def _record_val(run: Run, history: dict, step: int, log: Log | None, rank: int) 
     return val
 
 
+def _compile_first(run: Run, items: list[int]) -> None:
+    """Compile the unroll on the first batch before the first step (not timed in it); eager if that fails."""
+    batch, norms = _batch(run, items)
+    if probe_compile(run.model, batch, norms, _autocast(run)):
+        run.notes.append(f"torch.compile of the TTT unroll failed ({run.model.compile_error}): the eager unroll ran "
+                         "instead")
+
+
 def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> None:
     """The optimiser steps from ``p.start``, with log points, validation and checkpoints between them."""
     from tqdm import tqdm
 
     cfg, out = run.cfg, Path(run.cfg.out)
     rank, world = dist_info()
-    ddp = _wrap(run, world)
     lengths = sequence_lengths(run.dataset, cfg.max_len) if cfg.batching == "length" else None
     batches = Batches(run.dataset, run.train_idx, cfg.batch_size, cfg.max_len, cfg.seed, lengths)
+    if run.model.compiled and p.start < run.total_steps:
+        _compile_first(run, batches.items(p.start))
+    ddp = _wrap(run, world)
+    prof = StepProfile(run.device, cfg.profile)
     bar = tqdm(total=run.total_steps, initial=p.start, desc="finetune", disable=not progress or rank != 0,
                dynamic_ncols=True, mininterval=2.0)
     for step in range(p.start, run.total_steps):
         if cfg.stop_after is not None and step - p.start >= cfg.stop_after:
             p.stopped = True
             break
-        stats, tok, seconds = _train_step(run, ddp, opt, batches.items(step), step)
+        timer = prof.timer()
+        stats, tok, seconds = _train_step(run, ddp, opt, batches.items(step), step, timer)
+        prof.add(timer)
         p.window += stats
         p.tokens, p.seconds = p.tokens + tok, p.seconds + seconds
         p.window_tokens, p.window_seconds = p.window_tokens + tok, p.window_seconds + seconds
@@ -399,6 +364,7 @@ def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> No
             barrier()
         bar.update(1)
     bar.close()
+    p.profile = prof.report()
     if not p.stopped:
         p.step = run.total_steps
 
@@ -409,10 +375,14 @@ def _finish(run: Run, opt, p: Progress, log: Log | None) -> dict:
     rank, world = dist_info()
     if not p.stopped:
         p.last_val = _record_val(run, p.history, p.step, log, rank)
+    packed = None
     if rank == 0:
-        save_checkpoint(out, p.step, run.drafter, opt, run.fingerprint, p.history, cfg.keep_checkpoints)
+        ckpt = save_checkpoint(out, p.step, run.drafter, opt, run.fingerprint, p.history, cfg.keep_checkpoints)
+        if cfg.pieces_out:
+            packed = pack_checkpoint(ckpt, Path(cfg.pieces_out), max(1, int(cfg.piece_mib * (1 << 20))))
     barrier()
-    report = build_report(run, p.history, p.last_val, p.step, p.tokens, p.seconds, p.stopped, world)
+    report = build_report(run, p.history, p.last_val, p.step, p.tokens, p.seconds, p.stopped, world, p.profile)
+    report["pieces"] = packed
     if rank == 0:
         if not p.stopped:
             save_drafter(run.drafter, out / "drafter")
@@ -421,10 +391,23 @@ def _finish(run: Run, opt, p: Progress, log: Log | None) -> dict:
     return report
 
 
+def _bring_in(run: Run, log: Log | None) -> None:
+    """``--resume-from``: the newest checkpoint in pieces there joined into ``out/checkpoints`` (checked first; the
+    first process writes, the others check)."""
+    rank, _world = dist_info()
+    manifest = newest_pack(Path(run.cfg.resume_from))
+    final = unpack_checkpoint(manifest, Path(run.cfg.out), run.fingerprint, write=rank == 0, new_data=run.cfg.new_data)
+    barrier()
+    if log and rank == 0:
+        log(f"joined {manifest.name} from {run.cfg.resume_from} into {final}")
+
+
 def train(cfg: TrainConfig, *, progress: bool = True, log: Log | None = None) -> dict:
     """Run (or resume) one training; returns the report written to ``out/metrics.json``."""
     rank, _world = dist_info()
     run = prepare(cfg)
+    if cfg.resume_from:
+        _bring_in(run, log)
     torch.manual_seed(cfg.seed)
     opt = torch.optim.AdamW([p for p in run.drafter.parameters() if p.requires_grad], lr=cfg.lr,
                             weight_decay=cfg.weight_decay, betas=(0.9, 0.95))

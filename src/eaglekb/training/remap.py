@@ -31,7 +31,6 @@ or the task runner.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -44,7 +43,8 @@ from eaglekb.formats.drafter import (CONFIG_FILE, WEIGHTS_FILE, DrafterConfig, r
                                      read_tensors, to_sglang_names, to_speculators_names)
 from eaglekb.formats.mapping import Mapping, TokenCounts, drafter_d2t
 from eaglekb.io.errors import BadInput, Incompatible, MissingFile, SchemaError
-from eaglekb.io.files import atomic_save_safetensors, atomic_write_json, read_json, read_safetensors, safetensors_keys
+from eaglekb.io.files import (atomic_save_safetensors, atomic_write_json, read_json, read_safetensors, replace_folder,
+                              safetensors_keys)
 
 INITS = ("target-scaled", "target-fit", "target", "mean", "zeros")
 TARGET_INITS = ("target-scaled", "target-fit", "target")
@@ -263,9 +263,7 @@ def _write_folder(out: Path, tensors: dict, config_doc: dict) -> None:
     try:
         atomic_save_safetensors(tmp / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
         atomic_write_json(tmp / CONFIG_FILE, config_doc)
-        if out.is_dir() and not out.is_symlink():
-            shutil.rmtree(out)  # a drafter folder (checked before anything was written)
-        os.replace(tmp, out)
+        replace_folder(tmp, out)  # an existing drafter folder (checked first) goes once the new one is in place
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

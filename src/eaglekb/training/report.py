@@ -42,7 +42,7 @@ def summarise(stats: torch.Tensor, weight: float = 0.8) -> dict:
 
 
 def build_report(run, history: dict, val: dict | None, step: int, tokens: int, seconds: float, stopped: bool,
-                 world: int) -> dict:
+                 world: int, profile: dict | None = None) -> dict:
     """The report of a run (``out/metrics.json``): config, progress, throughput, validation, history, data."""
     cfg = run.cfg
     drafter = run.drafter
@@ -63,6 +63,10 @@ def build_report(run, history: dict, val: dict | None, step: int, tokens: int, s
         "drafter": {"config": drafter.config.to_sglang_json(), "parameters": n_params, "bf16_bytes": bf16_bytes},
         "throughput": {"tokens": tokens, "seconds": round(seconds, 3),
                        "tok_s": round(tokens / seconds, 2) if seconds else None},
+        "speed": {"amp": cfg.amp if run.device.type == "cuda" else "none (cpu: float32)",
+                  "compiled_unroll": run.model.compiled, "compile_error": run.model.compile_error,
+                  "loss_chunk": cfg.loss_chunk, "batching": cfg.batching},
+        "profile": profile,
         "val": val,
         "history": history,
         "data": {"path": str(run.dataset.path), "identity_hash": run.dataset.manifest["identity_hash"],
@@ -96,6 +100,10 @@ def baseline_fields(report: dict) -> dict:
             "chain_acc_plus_bonus_len": round(val["chain_acc_len"] + 1, 4),
             "positions_count": val["positions"],
         }
+    prof = report.get("profile")
+    if prof:
+        metrics["profile"] = {**{f"{k}_ms": v for k, v in prof["ms_per_step"].items()},
+                              "step_ms": round(sum(prof["ms_per_step"].values()), 3), "steps_count": prof["steps"]}
     h = report["history"]
     units = {"train_loss": "_loss", "val_loss": "_loss", "train_acc0": "_pct", "val_acc0": "_pct",
              "val_simulated_acc_len": "_len", "train_tok_s": "_tok_s"}
@@ -112,6 +120,13 @@ def render_text(report: dict) -> str:
              f"(world {report['world_size']}): {report['throughput']['tok_s']} tok/s"]
     lines += [f"note: {n}" for n in report["notes"]]
     lines.append(f"mapping: {report['mapping']['source']}")
+    prof = report.get("profile")
+    if prof:
+        total = sum(prof["ms_per_step"].values())
+        parts = ", ".join(f"{k} {v:.1f} ms ({100 * prof['share'][k]:.0f}%)" for k, v in prof["ms_per_step"].items()
+                          if v > 0)
+        lines.append(f"where a step's time goes ({prof['timer']}, {prof['steps']} steps, {total:.1f} ms a step): "
+                     + parts)
     val = report.get("val")
     if val:
         lines.append("val acc per step:      " + " ".join(f"{a:.3f}" for a in val["acc"]))
@@ -120,4 +135,9 @@ def render_text(report: dict) -> str:
         lines.append(f"simulated_acc_len {val['simulated_acc_len']:.3f} (SpecForge, no bonus); "
                      f"+1 for runtime accept length = {val['simulated_acc_len'] + 1:.3f}")
     lines.append(f"drafter: {Path(report['config']['out']) / 'drafter'}")
+    packed = report.get("pieces")
+    if packed:
+        lines.append(f"checkpoint in {len(packed['files'])} files ({packed['bytes']} bytes, largest "
+                     f"{packed['largest_bytes']}): {packed['manifest']}; resume elsewhere with --resume-from "
+                     f"{Path(packed['manifest']).parent}")
     return "\n".join(lines)

@@ -29,6 +29,11 @@ Every per-step piece but that attention is the drafter's own (``Eagle3Drafter``
 ``project_hidden`` / ``rope`` / ``logits``, ``MidLayer.fuse`` / ``feed_forward``,
 ``Attention.project`` / ``output``), so training and inference run one forward.
 
+Speed levers (each switchable, ``eaglekb.training.config``): ``hiddens`` (the unroll up to
+each step's hidden state, no logits) is the function ``torch.compile`` compiles
+(``compile_unroll``; a compile error falls back to eager with a note), and the loss over the
+draft vocabulary is ``eaglekb.training.loss.step_loss``, chunked by default (no full logits).
+
 Knows nothing about datasets, optimisers, checkpoints, processes or the task runner.
 """
 
@@ -41,6 +46,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from eaglekb.models.layers import attend
+from eaglekb.training.loss import step_loss
+from eaglekb.training.speed import failure
+
+#: The torch.compile backend of the unroll (tests use "aot_eager": the traced graphs without code generation).
+COMPILE_BACKEND = "inductor"
 
 
 def shift(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -88,12 +98,16 @@ class TTTModel(nn.Module):
     """
 
     def __init__(self, drafter, embed: torch.Tensor, target_head: torch.Tensor | None, *, steps: int = 7,
-                 step_weight: float = 0.8, positions: str = "runtime"):
+                 step_weight: float = 0.8, positions: str = "runtime", loss_chunk: int = 0):
         super().__init__()
         self.drafter = drafter
         self.steps = steps
         self.step_weight = step_weight
         self.positions = positions
+        self.loss_chunk = loss_chunk  # positions per chunk of the draft-vocab loss; 0: full logits
+        self.timer = None  # an ``eaglekb.engine.timing.PhaseTimer`` while profiling (marks unroll / loss)
+        self._compiled = None
+        self.compile_error: str | None = None
         self.register_buffer("embed", embed.detach().float(), persistent=False)
         self.register_buffer("full_head", target_head.detach().float() if target_head is not None else None,
                              persistent=False)
@@ -113,15 +127,39 @@ class TTTModel(nn.Module):
 
     def step_logits(self, input_ids, aux_hidden):
         """All TTT steps' draft logits ``[K][B,T,Vd]`` (teacher-forced inputs; for checks)."""
-        return [lg for lg, _ in self._unroll(input_ids, aux_hidden)]
+        return [self.drafter.logits(h) for h in self._unroll(input_ids, aux_hidden)]
 
-    def _unroll(self, input_ids, aux_hidden):
-        """Yield ``(logits, hidden)`` of each TTT step (see the module docstring)."""
+    def compile_unroll(self) -> None:
+        """Run the unroll through ``torch.compile`` (``COMPILE_BACKEND``) from the next forward on."""
+        self._compiled = torch.compile(self._unroll, backend=COMPILE_BACKEND)
+        self.compile_error = None
+
+    def eager(self, reason: str) -> None:
+        """Fall back to the eager unroll for good (a compile failure); ``reason`` is kept for the report."""
+        self._compiled = None
+        self.compile_error = reason
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def hiddens(self, input_ids, aux_hidden) -> list[torch.Tensor]:
+        """Each TTT step's pre-norm output hidden ``[K][B,T,H]``: compiled when on, eager after a compile error."""
+        if self._compiled is not None:
+            try:
+                return self._compiled(input_ids, aux_hidden)
+            except Exception as exc:  # a compiler failure of any kind: the eager unroll computes the same
+                self.eager(failure(exc))
+        return self._unroll(input_ids, aux_hidden)
+
+    def _unroll(self, input_ids, aux_hidden) -> list[torch.Tensor]:
+        """The output hidden of each TTT step (see the module docstring)."""
         d = self.drafter
         mid, attn = d.midlayer, d.midlayer.self_attn
         hidden = d.project_hidden(aux_hidden.to(d.fc.weight.dtype))
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
+        out: list[torch.Tensor] = []
         base = torch.arange(input_ids.shape[1], device=input_ids.device)
         for k in range(self.steps):
             emb = F.embedding(shift(input_ids, k + 1), self.embed).to(hidden.dtype)
@@ -130,7 +168,12 @@ class TTTModel(nn.Module):
             keys.append(key)
             values.append(value)
             hidden = mid.feed_forward(hidden + attn.output(ttt_attention(q, keys, values)))
-            yield d.logits(hidden), hidden
+            out.append(hidden)
+        return out
+
+    def _mark(self, phase: str) -> None:
+        if self.timer is not None:
+            self.timer.mark(phase)
 
     def forward(self, batch: dict, norms: torch.Tensor, world: int = 1):
         """Weighted TTT loss (scaled for DDP gradient averaging) and per-step counts ``[K, 5]``.
@@ -140,24 +183,27 @@ class TTTModel(nn.Module):
         """
         ids, mask = batch["input_ids"], batch["loss_mask"].float()
         argmax = batch["target_argmax"].long()
-        soft = self._soft_targets(batch)
+        self._mark("unroll")
+        hiddens = self.hiddens(ids, batch["aux_hidden"])
+        self._mark("loss")
+        chunked = self.loss_chunk > 0
+        soft = None if chunked else self._soft_targets(batch)
+        final = batch.get("final_hidden") if chunked and self.draft_head is not None else None
         total = torch.zeros((), device=ids.device)
         stats = []
         chain = torch.ones_like(mask, dtype=torch.bool)
-        for k, (logits, _) in enumerate(self._unroll(ids, batch["aux_hidden"])):
+        for k, hidden in enumerate(hiddens):
             w = shift(mask, k + 2)
             tgt = shift(argmax, k + 1)
             tpos = self.draft_pos[tgt]
             pm = w * (tpos >= 0).float()
-            logp = logits.float().log_softmax(-1)
-            if soft is not None:
-                ce = -(shift(soft, k + 1) * logp).sum(-1)
-            else:
-                ce = -logp.gather(-1, tpos.clamp_min(0)[..., None]).squeeze(-1)
-            loss_sum = (ce * pm).sum()
+            loss_sum, pred = step_loss(self.drafter, hidden, tpos, pm,
+                                       soft=shift(soft, k + 1) if soft is not None else None,
+                                       soft_hidden=shift(final, k + 1) if final is not None else None,
+                                       soft_head=self.draft_head, rows=batch.get("valid"), chunk=self.loss_chunk)
             total = total + (self.step_weight ** k) * loss_sum / norms[k].clamp_min(1.0) * world
             with torch.no_grad():
-                correct = (self.selected[logits.argmax(-1)] == tgt) & (tpos >= 0)
+                correct = (self.selected[pred] == tgt) & (tpos >= 0)
                 prev = chain
                 chain = chain & correct
                 wb = w > 0

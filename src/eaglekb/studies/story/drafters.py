@@ -5,16 +5,19 @@ one device transfer, with a manifest of the tar's and each file's SHA-256 in sto
 or in ``drafters-export.json``), the budget that picks which drafters fit, and the unpacking that refuses a
 corrupt, missing or substituted piece. The manifest and the tar come from another machine: every drafter
 name, piece name and member path is checked to stay inside its folder (one plain name, no ``..``, no
-link), nothing is written before every hash matched (``check_drafters`` verifies without writing), and an
-unpack replaces only ``DEST/NAME`` folders of the drafters it brings. Knows nothing about how the drafters
-were trained.
+link), the files of each drafter must make a drafter (a drafter config.json, safetensors weights that read,
+no pickle), nothing is written before every check passed (``check_drafters`` runs them all without
+writing), and an unpack writes only ``DEST/NAME`` folders of the drafters it brings under the one rule for
+outputs (``eaglekb.io.files.guard_output``): an existing ``DEST/NAME`` is replaced only with ``force``, only
+when it is a drafter folder, never when git tracks a file in it, and through a rename that keeps the old
+folder until the new one is in place. Knows nothing about how the drafters were trained.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import os
+import json
 import re
 import shutil
 import tarfile
@@ -22,9 +25,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
-from eaglekb.io.files import atomic_write_bytes, atomic_write_json, read_json
-from eaglekb.models.convert import sha256_files
+from eaglekb.formats.drafter import CONFIG_FILE, config_from_doc, is_drafter_folder
+from eaglekb.io.errors import EaglekbError, IntegrityError, MissingFile
+from eaglekb.io.files import atomic_write_bytes, atomic_write_json, guard_output, read_json, replace_folder
+from eaglekb.io.pieces import sha256_files
 from eaglekb.studies.story.config import DRAFTERS_TAR, EXPORT_FILE, PART_BYTES
 from eaglekb.studies.story.document import load
 
@@ -176,41 +180,74 @@ def _members(data: bytes, exp: dict[str, Any]) -> dict[str, bytes]:
     return files
 
 
-def check_drafters(run_dir: str | Path, pieces: str | Path | None = None) -> list[str]:
-    """Everything ``unpack_drafters`` checks (manifest, names, pieces, hashes), writing nothing: the names."""
+#: Files a drafter never holds: pickles (never loaded here, and a runtime that did would run their code).
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _check_is_drafter(name: str, files: dict[str, bytes]) -> None:
+    """The exported files of drafter NAME make a drafter: a drafter config.json, safetensors weights that
+    read, no pickle. Checked in memory, before anything is written."""
+    from safetensors.torch import load as read_weights
+
+    mine = {k[len(name) + 1:]: v for k, v in files.items() if k.startswith(name + "/")}
+    weights = [k for k in mine if k.endswith(".safetensors")]
+    pickles = [k for k in mine if k.lower().endswith(_PICKLE_SUFFIXES)]
+    if CONFIG_FILE not in mine or not weights or pickles:
+        raise IntegrityError("exported files are not a drafter", where=name,
+                             expected=f"{CONFIG_FILE} and *.safetensors weights, no pickle",
+                             found=", ".join(sorted(mine))[:160] or "no files")
+    try:
+        config_from_doc(json.loads(mine[CONFIG_FILE].decode("utf-8")), f"{name}/{CONFIG_FILE}")
+        for k in weights:
+            read_weights(mine[k])
+    except EaglekbError as exc:
+        raise IntegrityError("exported files are not a drafter", where=name, expected="a drafter config.json",
+                             found=exc.line()[:160]) from None
+    except Exception as exc:  # JSON or safetensors that do not parse
+        raise IntegrityError("exported files are not a drafter", where=name,
+                             expected="a JSON config.json and safetensors weights that read",
+                             found=f"{type(exc).__name__}: {exc}".splitlines()[0][:160]) from None
+
+
+def _check_destinations(names: list[str], dest: Path, force: bool) -> None:
+    """Every ``DEST/NAME`` may be written: new, or (with ``force``) an untracked drafter folder."""
+    for name in names:
+        guard_output(dest / name, where=f"--drafters {dest / name}", force=force, folder=True,
+                     ours=is_drafter_folder, what="drafter folder")
+
+
+def check_drafters(run_dir: str | Path, pieces: str | Path | None = None, dest: str | Path | None = None, *,
+                   force: bool = False) -> list[str]:
+    """Everything ``unpack_drafters`` checks (manifest, names, pieces, hashes, that each is a drafter, and with
+    ``dest`` that it may be written there), writing nothing: the names."""
     run_dir = Path(run_dir)
     exp = _export_manifest(run_dir, Path(pieces) if pieces else run_dir)
-    _members(_joined(exp, Path(pieces) if pieces else run_dir), exp)
+    files = _members(_joined(exp, Path(pieces) if pieces else run_dir), exp)
+    for name in exp["drafters"]:
+        _check_is_drafter(name, files)
+    if dest is not None:
+        _check_destinations(list(exp["drafters"]), Path(dest), force)
     return list(exp["drafters"])
 
 
-def _replaceable(folder: Path) -> None:
-    """An existing ``DEST/NAME`` is replaced only when it is a plain folder of files (a drafter), not a link."""
-    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
-        raise BadInput("will not replace a link or a file with a drafter", where=str(folder),
-                       expected="a drafter folder or nothing", found="a link" if folder.is_symlink() else "a file",
-                       fix="remove it or choose another --drafters folder")
-    if folder.is_dir() and any(p.is_dir() and not p.is_symlink() for p in folder.iterdir()):
-        raise BadInput("will not replace a folder that holds folders", where=str(folder),
-                       expected="a drafter folder (config.json and weights)", found="subfolders",
-                       fix="remove it or choose another --drafters folder")
-
-
-def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | None = None) -> dict[str, Path]:
+def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | None = None, *,
+                    force: bool = False) -> dict[str, Path]:
     """Join ``drafters.tar.partNN``, check every hash, extract to ``dest/NAME``.
 
     The pieces and their manifest are the run's own export (``story.json``'s ``drafters_export``) or, in
     ``pieces`` (default: the run folder), a later ``export_from_work`` (``drafters-export.json``). Each
-    drafter must also match the file hashes the run recorded when it trained it. Nothing is written
-    before every check passed; each drafter is written to a new temporary folder inside ``dest`` and
-    renamed into place.
+    drafter must also match the file hashes the run recorded when it trained it, and its files must make a
+    drafter. Nothing is written before every check passed (an existing ``dest/NAME`` needs ``force`` and
+    must be an untracked drafter folder); each drafter is written to a new temporary folder inside ``dest``
+    and renamed into place, the old folder kept until the new one is there.
     """
     run_dir, dest = Path(run_dir), Path(dest)
     pieces = Path(pieces) if pieces else run_dir
     exp = _export_manifest(run_dir, pieces)
     files = _members(_joined(exp, pieces), exp)
     for name in exp["drafters"]:
-        _replaceable(dest / name)
+        _check_is_drafter(name, files)
+    _check_destinations(list(exp["drafters"]), dest, force)
     dest.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest))
     try:
@@ -218,12 +255,6 @@ def unpack_drafters(run_dir: str | Path, dest: str | Path, pieces: str | Path | 
             target = staging / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(blob)
-        out = {}
-        for name in exp["drafters"]:
-            if (dest / name).is_dir():
-                shutil.rmtree(dest / name)
-            os.replace(staging / name, dest / name)
-            out[name] = dest / name
-        return out
+        return {name: replace_folder(staging / name, dest / name) for name in exp["drafters"]}
     finally:
         shutil.rmtree(staging, ignore_errors=True)

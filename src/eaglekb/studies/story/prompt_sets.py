@@ -12,6 +12,7 @@ from typing import Any
 
 from eaglekb.data import corpora, prompts
 from eaglekb.data.corpora import PromptSet
+from eaglekb.io.errors import BadInput
 from eaglekb.studies.story.config import A_CORPORA, B_CORPORA, EVAL_SET, SETS
 
 
@@ -30,6 +31,9 @@ def write_prompts(out: str | Path, *, a_per_source: int = 1152, b_per_source: in
     a = prompts.training_prompts(list(A_CORPORA), per_source=a_per_source, seed=seed)
     b = prompts.training_prompts(list(B_CORPORA), per_source=b_per_source, seed=seed)
     ev = corpora.load(EVAL_SET, split="eval", limit=eval_count)
+    if len(ev) < eval_count:  # refused, never clamped
+        raise BadInput("fewer eval prompts than asked for", where="--eval-count",
+                       expected=f"at most {len(ev)} (the {EVAL_SET} prompts there are)", found=str(eval_count))
     for ps in (a, b):
         _drop_long(ps, max_prompt_chars)
     for train in (a, b):  # training_prompts checked both eval sets; the two domains must not share prompts either

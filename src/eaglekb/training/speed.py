@@ -1,0 +1,98 @@
+"""How fast a training step runs, and the switches that make it faster.
+
+Owns: ``PHASES`` (the parts of a step, in order), ``StepProfile`` (per-phase time of each optimiser step, CUDA
+events on a GPU and the wall clock on the CPU through ``eaglekb.engine.timing.PhaseTimer``, summed over the
+steps after the first of a process: the first pays allocator warm-up), ``autocast`` (the TTT forward's autocast:
+bfloat16 on CUDA unless ``--amp none``), ``wants_compile`` (``--compile auto`` is on with CUDA) and
+``probe_compile`` (one forward and backward of the compiled unroll on a real batch before training, gradients
+dropped; any compiler error switches the model to the eager unroll for good and says why, so a failing compile
+never stops a run).
+
+The phases: ``data`` (the batch read and padded, and the loss-position counts reduced over processes), ``target``
+(the target's forward for online features, once per batch), ``unroll`` (the drafter's TTT steps, compiled or
+eager), ``loss`` (the loss over the draft vocabulary and the accuracy counts, with the chunked loss's gradient),
+``backward`` (autograd, and with DDP the gradient all-reduce), ``optimizer`` (clipping and AdamW) and ``sync``
+(the counts reduced, the device synchronised).
+
+Knows nothing about data formats, checkpoints or the task runner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from eaglekb.engine.timing import PhaseTimer
+
+PHASES = ("data", "target", "unroll", "loss", "backward", "optimizer", "sync")
+
+
+class StepProfile:
+    """Seconds per phase summed over profiled steps; ``timer()`` gives the timer of one step (or None when off)."""
+
+    def __init__(self, device: torch.device, enabled: bool):
+        self.device, self.enabled = device, enabled
+        self.seconds = {p: 0.0 for p in PHASES}
+        self.steps = 0
+        self._seen = 0
+
+    def timer(self) -> PhaseTimer | None:
+        return PhaseTimer(self.device) if self.enabled else None
+
+    def add(self, timer: PhaseTimer | None) -> None:
+        """Add one finished step's phases (the first step of a process is warm-up and left out)."""
+        if timer is None:
+            return
+        timer.stop()
+        self._seen += 1
+        if self._seen == 1:
+            return
+        for phase, secs in timer.totals().items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + secs
+        self.steps += 1
+
+    def report(self) -> dict | None:
+        """``{"steps": n, "ms_per_step": {phase: ms}, "share": {phase: fraction}}``, or None when nothing was timed."""
+        if not self.steps:
+            return None
+        ms = {p: round(1000 * s / self.steps, 3) for p, s in self.seconds.items()}
+        total = sum(ms.values()) or 1.0
+        return {"steps": self.steps, "ms_per_step": ms, "share": {p: round(v / total, 4) for p, v in ms.items()},
+                "timer": "cuda events" if self.device.type == "cuda" else "wall clock"}
+
+
+def failure(exc: BaseException) -> str:
+    """One line for a compiler error: its type and its innermost cause's first non-empty line."""
+    inner = exc
+    while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
+        inner = getattr(inner, "inner_exception", None) or inner.__cause__
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    text = f"{type(inner).__name__}: {lines[0][:160]}" if lines else type(inner).__name__
+    return text if inner is exc else f"{type(exc).__name__} ({text})"
+
+
+def autocast(device: torch.device, amp: str):
+    """bfloat16 autocast on CUDA (``amp == "bfloat16"``), else nothing (float32)."""
+    if device.type == "cuda" and amp == "bfloat16":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def wants_compile(mode: str, device: torch.device) -> bool:
+    return mode == "on" or (mode == "auto" and device.type == "cuda")
+
+
+def probe_compile(model, batch: dict, norms: torch.Tensor, amp_ctx) -> str | None:
+    """Compile the unroll on ``batch`` (forward and backward, gradients dropped); None when it works, else the
+    reason the model now runs the eager unroll."""
+    try:
+        with amp_ctx:
+            loss, _ = model(batch, norms)
+        loss.backward()
+    except Exception as exc:  # any compiler failure: the eager unroll computes the same
+        model.eager(failure(exc))
+    finally:
+        for p in model.parameters():
+            p.grad = None
+    return model.compile_error
