@@ -179,14 +179,30 @@ def check(command: str, ns: Collection, root: Path, producers: Producers | None)
 
 # --------------------------------------------------------------------------- where the commands are
 
-_FENCE = re.compile(r"^```(?:bash|sh|console)?\s*\n(.*?)^```", re.M | re.S)
+
+
+def _shell_blocks(text: str) -> list[str]:
+    """The bodies of the fenced bash/sh/console blocks of a page, fences paired in order (a block of another
+    language is skipped whole, so its closing fence never opens a block)."""
+    blocks, lang, body = [], None, []
+    for line in text.splitlines():
+        fence = re.match(r"^\s*```\s*([A-Za-z0-9_+-]*)", line)
+        if fence and lang is None:
+            lang, body = fence.group(1) or "", []
+        elif fence and not fence.group(1):
+            if lang in ("", "bash", "sh", "console"):
+                blocks.append("\n".join(body) + "\n")
+            lang = None
+        elif lang is not None:
+            body.append(line)
+    return blocks
 
 
 def documented_commands(docs: Path) -> list[str]:
     """Every ``invoke ...`` line of the fenced shell blocks in DOCS/**/*.md (continuation lines joined)."""
     out = []
     for page in sorted(docs.rglob("*.md")):
-        for block in _FENCE.findall(page.read_text(encoding="utf-8")):
+        for block in _shell_blocks(page.read_text(encoding="utf-8")):
             for line in re.sub(r"\\\n\s*", " ", block).splitlines():
                 line = line.split(" #", 1)[0].strip()
                 if line.startswith("invoke "):

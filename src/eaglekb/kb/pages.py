@@ -23,7 +23,7 @@ from eaglekb.kb.schema import Baseline
 #: Pages (docs paths) whose numbers are the project's present state: each figure comes from a baseline.
 PRESENT_PAGES = ("index.md", "agents.md", "plan.md")
 
-_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+_FENCE = re.compile(r"^(```|~~~).*?^\1[ \t]*$", re.M | re.S)
 _PLACEHOLDER = re.compile(r"\{\{.*?\}\}", re.S)
 _INLINE_CODE = re.compile(r"`[^`\n]*`|<code>.*?</code>", re.S)
 _LINK_TARGET = re.compile(r"\]\([^)]*\)|<[^>\n]+>")
