@@ -5,7 +5,7 @@ The benchmark itself is `invoke bench.sglang` (runbooks/bench.py).
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, finish_text, one_of, task, text, whole
+from runbooks._common import cli_errors, emit, finish, finish_text, one_of, real, task, text, whole
 
 _MIB = 1 << 20
 
@@ -80,7 +80,7 @@ def install(c, pieces, target, force=False, json=False):
     },
     options={"port": whole(1, 65535), "tp": whole(1, 1024), "timeout_s": whole(1, 86400), "max_total_tokens": whole(1, 1 << 40),
              "cuda_graph_max_bs": whole(1, 1 << 16), "dtype": one_of("bfloat16", "float16", "float32"),
-             "mem_fraction_static": lambda v, o: _fraction(v, o), "extra": text},
+             "mem_fraction_static": real(above=0, hi=1), "extra": text},
 )
 def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens=None, port=30000, tp=1,
            trust_remote_code=False, site=None,
@@ -109,12 +109,6 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
     info = doc["server_info"]
     emit(doc, f"SGLang {info.get('version')} ready on {doc['url']} after {doc['ready_s']} s (pid {doc['pid']}, "
               f"log {doc['log']})\n  {doc['command']}", json)
-
-
-def _fraction(value, option):
-    from runbooks._common import real
-
-    return real(above=0, hi=1)(value, option)
 
 
 @task(

@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from helpers.engine import record_trees
 from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine.draft import DraftModel
@@ -99,14 +100,7 @@ def test_fused_tree_drafts_the_named_steps_trees_and_tokens(kind, sharp, spec):
     prompt = torch.randint(0, VOCAB, (9,), generator=torch.Generator().manual_seed(1)).tolist()
     want = Engine(tm).generate(prompt, 40).tokens
     named = Engine(tm, dm, fused=False)
-    trees, real = [], named.drafting.tree
-
-    def record(*args, **kw):
-        t = real(*args, **kw)
-        trees.append((t.tokens, t.parents, t.depths))
-        return t
-
-    named.drafting.tree = record
+    trees = record_trees(named)
     b = named.speculative(prompt, 40, spec)
     fused = Engine(tm, dm, fused=True)
     fc = fused._fused[(spec.steps, spec.topk, spec.draft_tokens)] = FusedTree(fused, spec.steps, spec.topk,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.engine import record_trees
 from helpers.models import tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine.batch import BatchDecoder, Request
@@ -52,14 +53,7 @@ def test_fused_tree_graphed_equals_the_eager_named_steps_float32(kind):
     for spec in (SpecConfig(steps=4, topk=4, draft_tokens=16), SpecConfig(steps=3, topk=2), SpecConfig(steps=5, topk=4,
                                                                                                        draft_tokens=3)):
         eager = Engine(tm, dm, max_len=96)
-        trees, real = [], eager.drafting.tree
-
-        def record(*args, **kw):
-            t = real(*args, **kw)
-            trees.append((t.tokens, t.parents, t.depths))
-            return t
-
-        eager.drafting.tree = record
+        trees = record_trees(eager)
         b = eager.speculative(prompt, 40, spec)
         fast = Engine(tm, dm, max_len=96, graphs=True)
         a = fast.speculative(prompt, 40, spec)

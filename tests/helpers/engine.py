@@ -60,3 +60,17 @@ class OracleDrafting(Drafting):
                 break
             parent = nxt
         return tree
+
+
+def record_trees(engine) -> list[tuple]:
+    """Make ``engine``'s named tree drafting also append each drafted tree's (tokens, parents, depths) to the list
+    it returns."""
+    trees, real = [], engine.drafting.tree
+
+    def record(*args, **kw):
+        t = real(*args, **kw)
+        trees.append((t.tokens, t.parents, t.depths))
+        return t
+
+    engine.drafting.tree = record
+    return trees

@@ -9,7 +9,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from eaglekb.io.errors import BadInput, SchemaError, Unavailable
-from eaglekb.measure.sglang import LaunchConfig, bench, launch_command
+from eaglekb.measure.sglang import LaunchConfig, launch_command
+from eaglekb.measure.sglang_bench import _sglang_method, method_metrics, passes
 from eaglekb.models.server import SGLangClient, parse_generate
 
 
@@ -74,7 +75,8 @@ def test_client_bench_against_stub_server():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         client = SGLangClient(f"http://127.0.0.1:{server.server_port}", timeout=5)
-        res = bench(client, ["a", "b"], 32, repeats=2)
+        runs = passes({"sglang": _sglang_method(client, 32)}, [[1, 2], [3]], 2, 1, progress=False)
+        res, _ = method_metrics("sglang", runs["sglang"])
         assert res["accept_len"] == pytest.approx(2.0)
         assert res["median_tok_s"] > 0
     finally:

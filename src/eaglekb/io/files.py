@@ -56,6 +56,12 @@ def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     return path
 
 
+def atomic_write_with(path: str | Path, write: Callable[[Any], None], *, binary: bool = True) -> Path:
+    """Write through ``write(fh)`` atomically (temp file + fsync + rename); an exception from ``write`` leaves
+    the old file, or none, and no temp file."""
+    return _atomic(path, write, "wb" if binary else "w")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write bytes atomically (temp file + fsync + rename)."""
     return _atomic(path, lambda fh: fh.write(data), "wb")

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, SchemaError
-from eaglekb.io.files import atomic_write_json, read_json
+from eaglekb.io.files import atomic_write_json, atomic_write_with, read_json
 
 FORMAT = "eaglekb-pieces/1"
 MANIFEST_SUFFIX = ".pieces.json"
@@ -40,17 +38,23 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, unit="B", unit_scale=True, disable=not enabled, leave=False)
 
 
-def sha256_files(paths: Iterable[Path], *, progress: bool = False) -> str:
-    """SHA-256 of the concatenation of ``paths`` (one file is the common case)."""
-    paths = [Path(p) for p in paths]
+def _stream(paths: list[Path], out, desc: str, progress: bool) -> str:
+    """Read ``paths`` in order (into the open file ``out`` when given); the SHA-256 of what was read."""
     digest = hashlib.sha256()
-    with _progress(sum(p.stat().st_size for p in paths), "sha256", progress) as bar:
+    with _progress(sum(p.stat().st_size for p in paths), desc, progress) as bar:
         for path in paths:
             with open(path, "rb") as fh:
                 while chunk := fh.read(_CHUNK):
                     digest.update(chunk)
+                    if out is not None:
+                        out.write(chunk)
                     bar.update(len(chunk))
     return digest.hexdigest()
+
+
+def sha256_files(paths: Iterable[Path], *, progress: bool = False) -> str:
+    """SHA-256 of the concatenation of ``paths`` (one file is the common case)."""
+    return _stream([Path(p) for p in paths], None, "sha256", progress)
 
 
 def sha256_file(path: str | Path) -> str:
@@ -60,17 +64,9 @@ def sha256_file(path: str | Path) -> str:
 
 def assemble(paths: list[Path], dest: Path, *, progress: bool = False) -> str:
     """Concatenate ``paths`` into ``dest`` (created or replaced) and return the SHA-256 of the result."""
-    digest = hashlib.sha256()
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _progress(sum(p.stat().st_size for p in paths), "assemble", progress) as bar:
-        with open(dest, "wb") as out:
-            for path in paths:
-                with open(path, "rb") as fh:
-                    while chunk := fh.read(_CHUNK):
-                        digest.update(chunk)
-                        out.write(chunk)
-                        bar.update(len(chunk))
-    return digest.hexdigest()
+    with open(dest, "wb") as out:
+        return _stream([Path(p) for p in paths], out, "assemble", progress)
 
 
 def manifest_path(folder: Path, name: str) -> Path:
@@ -155,21 +151,14 @@ def check(path: Path, *, pieces_dir: Path | None = None, progress: bool = False)
 
 
 def join(path: Path, dest: Path, *, pieces_dir: Path | None = None, progress: bool = False) -> Path:
-    """Check the pieces, join them into ``dest`` atomically and check the whole's hash."""
+    """Check the pieces, join them into ``dest`` atomically and check the whole's hash before the rename."""
     doc = check(path, pieces_dir=pieces_dir)
     folder = Path(pieces_dir) if pieces_dir is not None else Path(path).parent
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        found = assemble([folder / p["file"] for p in doc["pieces"]], Path(tmp), progress=progress)
+
+    def write(out) -> None:
+        found = _stream([folder / p["file"] for p in doc["pieces"]], out, "join", progress)
         if found != doc["sha256"]:
             raise IntegrityError("joined file does not match the manifest's SHA-256", where=str(path),
                                  expected=doc["sha256"][:16], found=found[:16])
-        os.replace(tmp, dest)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return dest
+
+    return atomic_write_with(dest, write)

@@ -1,19 +1,12 @@
-"""SGLang as a bench backend: the launch command and a benchmark of a running server.
+"""SGLang's launch command: the server settings a run uses and the argv that starts them.
 
-Owns: ``launch_command`` (``python -m sglang.launch_server`` with the EAGLE-3 flags:
-``--speculative-algorithm EAGLE3``, ``--speculative-draft-model-path``,
-``--speculative-num-steps``, ``--speculative-eagle-topk``,
-``--speculative-num-draft-tokens``, tensor parallelism and the rest), and ``bench``,
-sequential single-stream ``/generate`` requests through the one client
-(``eaglekb.models.server.SGLangClient``, which reads ``meta_info`` and computes the
-accept length), with a result of the same shape as ``eaglekb.measure.bench``
-(median tok/s, range over repeats).
+Owns: ``LaunchConfig`` and ``launch_command`` (``python -m sglang.launch_server`` with the EAGLE-3 flags:
+``--speculative-algorithm EAGLE3``, ``--speculative-draft-model-path``, ``--speculative-num-steps``,
+``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``, tensor parallelism and the rest).
 
-The server's life (launch, health, stop) is ``eaglekb.measure.sglang_server``; the full
-protocol of ``invoke bench.sglang`` (our engine beside the server, parity, concurrency) is
-``eaglekb.measure.sglang_bench``; the cycle split from SGLang's profiler, ``sglang_trace``.
-Tested here against a local stub server; run for real on an H200 (docs/howto/sglang.md).
-Knows nothing about HTTP (the client owns it) or the task runner.
+The server's life (launch, health, stop) is ``eaglekb.measure.sglang_server``; the protocol of
+``invoke bench.sglang`` (our engine beside the server, parity, concurrency) is ``eaglekb.measure.sglang_bench``;
+the cycle split from SGLang's profiler, ``sglang_trace``. Knows nothing about HTTP or the task runner.
 """
 
 from __future__ import annotations
@@ -21,9 +14,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
-from eaglekb.engine.timing import stats
 from eaglekb.io.errors import BadInput
-from eaglekb.models.server import SGLangClient
 
 
 @dataclass
@@ -93,25 +84,3 @@ def launch_command(cfg: LaunchConfig, python: str = "python") -> list[str]:
 
 def command_line(cmd: list[str]) -> str:
     return " ".join(shlex.quote(a) for a in cmd)
-
-
-def bench(client: SGLangClient, prompts: list, max_new_tokens: int, *, repeats: int = 3, warmup: int = 1) -> dict:
-    """Sequential single-stream requests: median tok/s and accept length, range over repeats."""
-    for _ in range(warmup):
-        client.generate(prompts[0], min(max_new_tokens, 16))
-    tps, acc = [], []
-    for _ in range(repeats):
-        tokens, secs, verify = 0, 0.0, 0
-        for p in prompts:
-            c = client.generate(p, max_new_tokens)
-            tokens += c.completion_tokens
-            secs += c.latency_s
-            verify += c.verify_ct or 0
-        tps.append(tokens / secs if secs else 0.0)
-        if verify:
-            acc.append(tokens / verify)
-    out = {"median_tok_s": stats(tps)["median"], "spread": {"median_tok_s": stats(tps)["range"]}}
-    if acc:
-        out["accept_len"] = stats(acc)["median"]
-        out["spread"]["accept_len"] = stats(acc)["range"]
-    return out

@@ -212,9 +212,9 @@ def method_metrics(name: str, runs: list[Run]) -> tuple[dict, dict]:
     if split:
         m["server"] = split
     if any(r.phases for r in runs):
-        cyc = [sum(r.verify for r in runs)]
+        cycles = max(sum(r.verify for r in runs), 1)
         for k in ("draft", "verify", "overhead"):
-            m[f"{k}_ms"] = 1000 * sum(r.phases.get(k, 0.0) for r in runs) / max(cyc[0], 1)
+            m[f"{k}_ms"] = 1000 * sum(r.phases.get(k, 0.0) for r in runs) / cycles
         m["cycle_ms"] = m["draft_ms"] + m["verify_ms"] + m["overhead_ms"]
     return m, sp
 
@@ -231,6 +231,14 @@ def parity(runs: dict[str, list[Run]], prompts: list[list[int]], engine=None, dt
     first = {n: r[0].outputs for n, r in runs.items()}
     out: dict[str, Any] = {}
     names = list(first)
+    ties: dict[tuple, bool] = {}  # (prompt, shared prefix): one target pass, however many pairs part there
+
+    def tie(p: int, tokens: list[int], idx: int) -> bool:
+        key = (p, tuple(tokens[:idx]))
+        if key not in ties:
+            ties[key] = bool(near_tie(engine.target, prompts[p], tokens, idx, dtype)["near_tie"])
+        return ties[key]
+
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             div = _divergences(first[a], first[b])
@@ -238,8 +246,7 @@ def parity(runs: dict[str, list[Run]], prompts: list[list[int]], engine=None, dt
             if div:
                 ag["first_divergence"] = {f"p{p}_tokens": idx for p, idx in div.items()}
                 if engine is not None:
-                    ag["near_tie_count"] = sum(bool(near_tie(engine.target, prompts[p], first[a][p], idx, dtype)
-                                                    ["near_tie"]) for p, idx in div.items())
+                    ag["near_tie_count"] = sum(tie(p, first[a][p], idx) for p, idx in div.items())
             out[f"{a}_vs_{b}"] = ag
     for n, r in runs.items():  # the same method across passes: greedy should not move
         same = [p.outputs[i] == r[0].outputs[i] for p in r[1:] for i in range(len(p.outputs))]
@@ -389,17 +396,13 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     config = {"backend": "sglang", "url": cfg.url, "plain_url": cfg.plain_url, "prompts": list(cfg.prompts),
               "num_prompts": cfg.num_prompts, "max_new_tokens": cfg.max_new_tokens, "repeats": cfg.repeats,
               "warmup": cfg.warmup, "target": cfg.target, "target_path": target_path, "engine": cfg.engine,
-              "device": cfg.device, "dtype": cfg.dtype, "concurrency": list(cfg.concurrency), "speculative": spec,
-              "server_info": _info(info), "plain_server_info": _info(plain_info) if plain_info else None}
+              "device": cfg.device, "dtype": cfg.dtype, "concurrency": list(cfg.concurrency),
+              "server_info": summarize_info(info),  # its speculative_* fields are the config the run used
+              "plain_server_info": summarize_info(plain_info) if plain_info else None}
     if engine is not None:
         config.update(engine_graphs=engine.graphs, engine_compiled=engine.compiled, engine_fused=engine.fused)
     return SGLangReport(config=config, metrics=metrics, spread=spread, summary=summary(metrics, spec),
                         manifests={n: s.manifest for n, s in sets.items()})
-
-
-def _info(info: dict) -> dict:
-
-    return summarize_info(info)
 
 
 def summary(metrics: dict, spec: dict | None) -> str:
@@ -446,10 +449,9 @@ def profile_split(url: str, target: str, prompts: str, max_new: int, num_steps: 
     acc = [c.accept_len for c in timed if c.accept_len]
     if acc:
         metrics["accept_len"] = stats(acc)["median"]
-    spec = spec_of(info)
     config = {"backend": "sglang", "url": url, "target": target, "target_path": target_path, "prompts": prompts,
               "prompts_manifest": pset.manifest, "max_new_tokens": max_new, "num_steps": num_steps,
-              "trace": str(trace), "speculative": spec, "server_info": _info(info)}
+              "trace": str(trace), "server_info": summarize_info(info)}
     text = (f"SGLang cycle {gpu['cycle_ms']:.2f} ms: verify GPU {gpu['verify_gpu_ms']:.2f}, draft GPU "
             f"{gpu['draft_gpu_ms']:.2f}, eager GPU {gpu['eager_gpu_ms']:.2f}, GPU idle {gpu['gpu_idle_ms']:.2f} "
             f"({gpu['cycles_count']} cycles)")

@@ -28,7 +28,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from eaglekb.io.errors import BadInput, SchemaError, Unavailable, first_line
+from eaglekb.io.errors import BadInput, SchemaError, Unavailable
 
 DEFAULT_URL = "http://127.0.0.1:30000"
 #: meta_info fields of a server started with ``--enable-metrics`` (SGLang 0.5.17): when the request
@@ -119,15 +119,15 @@ class SGLangClient:
         self.timeout = timeout
         self.option = option
 
-    def request(self, path: str, body: dict | None = None) -> Any:
-        """POST ``body`` (GET when None) as JSON to ``path``; the parsed JSON answer."""
+    def _raw(self, path: str, body: dict | None) -> bytes:
+        """POST ``body`` (GET when None) as JSON to ``path``; the answer's bytes (one line on an error)."""
         url = self.url + path
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method="POST" if data else "GET",
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read()
+                return resp.read()
         except urllib.error.HTTPError as exc:
             text = exc.read()[:200].decode(errors="replace").replace("\n", " ").strip()
             raise Unavailable("SGLang server answered with an error", where=url, expected="HTTP 200",
@@ -136,10 +136,14 @@ class SGLangClient:
             reason = (str(getattr(exc, "reason", exc)).splitlines() or [type(exc).__name__])[0][:160]
             fix = f"start it (python -m sglang.launch_server ...) or pass the right {self.option}"
             raise Unavailable("SGLang server unreachable", where=url, found=reason, fix=fix) from None
+
+    def request(self, path: str, body: dict | None = None) -> Any:
+        """POST ``body`` (GET when None) as JSON to ``path``; the parsed JSON answer."""
+        raw = self._raw(path, body)
         try:
             return json.loads(raw)
         except ValueError:
-            raise SchemaError("server answered with non-JSON", where=url, expected="a JSON document",
+            raise SchemaError("server answered with non-JSON", where=self.url + path, expected="a JSON document",
                               found=raw[:80].decode(errors="replace")) from None
 
     def server_info(self) -> dict:
@@ -159,17 +163,7 @@ class SGLangClient:
 
     def post(self, path: str, body: dict | None = None) -> str:
         """POST to an endpoint that answers plain text (``/flush_cache``, ``/start_profile``); its text."""
-        req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return resp.read()[:500].decode(errors="replace")
-        except urllib.error.HTTPError as exc:
-            raise Unavailable("SGLang server answered with an error", where=self.url + path, expected="HTTP 200",
-                              found=f"HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise Unavailable("SGLang server unreachable", where=self.url + path,
-                              found=first_line(str(getattr(exc, "reason", exc)))) from None
+        return self._raw(path, body or {})[:500].decode(errors="replace")
 
     def start_profile(self, output_dir: str, num_steps: int, *, activities=("CPU", "GPU")) -> str:
         """Start SGLang's torch profiler for ``num_steps`` forward steps, traces written to ``output_dir``."""

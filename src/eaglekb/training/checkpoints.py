@@ -194,14 +194,19 @@ def load_checkpoint(path: Path, drafter, opt, fingerprint: dict, *, new_data: bo
     check_fingerprint(str(path), doc, fingerprint, new_data=new_data)
     tensors = read_safetensors(path / STATE_DIR / STATE_TENSORS)
     _check_tensors(path, tensors, drafter)
+    _load_weights(drafter, tensors)
+    _restore_optimizer(opt, drafter, tensors, doc["param_groups"])
+    torch.set_rng_state(tensors["rng.torch"])
+    return doc
+
+
+def _load_weights(drafter, tensors: dict) -> None:
+    """The drafter's parameters and mapping buffers from a checkpoint's tensors (already checked)."""
     with torch.no_grad():
         for n, p in drafter.named_parameters():
             p.copy_(tensors[f"param.{n}"].to(p.dtype))
         drafter.d2t.copy_(tensors["buffer.d2t"])
         drafter.t2d.copy_(tensors["buffer.t2d"])
-    _restore_optimizer(opt, drafter, tensors, doc["param_groups"])
-    torch.set_rng_state(tensors["rng.torch"])
-    return doc
 
 
 def _check_tensors(path: Path, tensors: dict[str, torch.Tensor], drafter) -> None:
@@ -338,11 +343,7 @@ def _join_into(tmp: Path, path: Path, doc: dict) -> None:
     tensors = read_safetensors(tmp / STATE_DIR / STATE_TENSORS)
     drafter = Eagle3Drafter(read_config(tmp)[0], with_embeddings="param.embed_tokens.weight" in tensors)
     _check_tensors(tmp, tensors, drafter)
-    with torch.no_grad():
-        for n, p in drafter.named_parameters():
-            p.copy_(tensors[f"param.{n}"].to(p.dtype))
-        drafter.d2t.copy_(tensors["buffer.d2t"])
-        drafter.t2d.copy_(tensors["buffer.t2d"])
+    _load_weights(drafter, tensors)
     save_drafter(drafter, tmp)
     atomic_write_text(tmp / "config.json", doc["config_json"])
     found = pieces.sha256_file(tmp / "model.safetensors")
