@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The qwen2.5-coder-0.5b session on one lent H200, stage by stage (docs/howto/new-target.md, "The GPU session,
+# call by call"). A clean export of the commit (git archive COMMIT) is carried once into /tmp/repo with
+# the commit in its .commit file; every later stage runs there, so /tmp/repo/.eaglekb (data, runs) and the
+# background training live on while the machine stays warm between calls (30 s idle).
+#   bash .frozen/runbooks/sessions/qwen05-h200.sh carry      # the first call: the export, .whl/, the first piece
+#   bash /tmp/repo/runbooks/sessions/qwen05-h200.sh carry    # each later call that brings a piece of .carry/qwen05
+#   ... tests-bg | prepare | datagen | vocab | tput | train-bg | wait-train SECONDS | probe | bench | back1 | back2
+# The target's six packages travel as one tar in pieces, one folder a call (.carry/qwen05/cN/qwen05.tar.partNN;
+# the hashes in c1/qwen05.tar.sha256).
+set -euo pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONPATH=/tmp/site:/tmp/repo/src PATH=/tmp/site/bin:$PATH EAGLEKB_CACHE=/tmp/eaglekb-cache
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+T=qwen2.5-coder-0.5b DATA=.eaglekb/datasets/qwen05-h200 RUN=.eaglekb/runs/qwen05-h200 LOGS=/tmp/logs
+OUT=${OUT:-/tmp/out} REPO=/tmp/repo
+mkdir -p /tmp/carry "$LOGS" "$OUT"
+# provenance: the export holds the commit it was made from in .commit (git archive COMMIT; then COMMIT > .commit)
+[ -f "$REPO/.commit" ] && export EAGLEKB_GIT_COMMIT=$(cat "$REPO/.commit") EAGLEKB_GIT_DIRTY=0
+# the finetune options both the throughput run and the training share (the mapping and the steps added there)
+TRAIN=(--data $DATA --device cuda --batch-size 64 --batching length --max-len 1024 --ttt-steps 4 --lr 1e-3
+       --min-lr-frac 0.05 --warmup-frac 0.03 --seed 0)
+bundle() { (cd "$REPO" && tar -cf "$OUT/baselines-$1.tar" $(find baselines -newer .exported -name '*.json')) || true
+           tar -czf "$OUT/logs-$1.tgz" -C "$LOGS" . 2>/dev/null || true; }
+stage=${1:?stage}; shift
+if [ "$stage" = carry ]; then
+  if [ -d .frozen ] && [ ! -d "$REPO" ]; then cp -a .frozen "$REPO" && touch "$REPO/.exported"; fi
+  if [ -d .whl ] && [ ! -d /tmp/site/invoke ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
+  cp .carry/qwen05/*/* /tmp/carry/ 2>/dev/null || true
+  ls /tmp/carry | tr '\n' ' '; echo; df -h /tmp | tail -1; exit 0
+fi
+cd "$REPO"
+case "$stage" in
+  tests-bg)  # the CUDA tests on tiny models while the pieces arrive (the real-model one runs after prepare)
+    setsid nohup python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_qwen2.py tests/engine/test_gpu.py \
+      tests/training/test_speed.py tests/training/test_loop.py > "$LOGS/gpu-tests.log" 2>&1 < /dev/null &
+    echo "gpu tests started (pid $!)" ;;
+  prepare)
+    (cd /tmp/carry && sha256sum -c --quiet qwen05.tar.sha256)
+    mkdir -p /tmp/qwen05-whl && cat /tmp/carry/qwen05.tar.part* | tar -xf - -C /tmp/qwen05-whl
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site /tmp/qwen05-whl/*.whl
+    rm -rf /tmp/carry /tmp/qwen05-whl
+    invoke models.prepare $T --no-install --record h200-$T-prepare 2>&1 | tee "$LOGS/prepare.log"
+    end=$((SECONDS + 90))  # the tiny CUDA tests get 90 s more; past that they share the GPU with what follows
+    while pgrep -f "pytest -q -p no:cacheprovider -m gpu tests/models" > /dev/null && [ $SECONDS -lt $end ]; do sleep 2; done
+    tail -5 "$LOGS/gpu-tests.log"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/models/test_qwen2.py -k real 2>&1 \
+      | tee "$LOGS/gpu-real.log" | tail -3 || true
+    nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv ;;
+  datagen)
+    timeout "${1:-300}" invoke datagen --target $T --device cuda --corpus gsm8k-code:0 --corpus gsm8k-instruct \
+      --corpus chitchat-multi --corpus wiki-instruct --corpus chitchat --corpus wiki --corpus gpqa --corpus aime \
+      --per-source 4000 --samples 0.8 --batch-size 384 --max-new-tokens 384 --max-len 1024 --features online \
+      --shard-size 1024 --time-budget-s "${2:-180}" --out $DATA --record h200-qwen05 2>&1 | tee "$LOGS/datagen.log" \
+      | grep -v '%|' ;;
+  vocab)
+    for n in 16384 32768; do
+      invoke vocab.build --dataset $DATA --holdout 20 --draft-vocab-size $n --out .eaglekb/vocab/qwen05-h200-$n.safetensors \
+        --record h200-qwen05-$n 2>&1 | tee "$LOGS/vocab-$n.log"; done
+    python3 -c "import json; c = json.load(open('baselines/vocab/h200-qwen05-16384.json'))['metrics']['heldout_coverage_pct']; \
+print(16384 if c >= 95 else 32768)" > .eaglekb/qwen05-draft-size
+    echo "draft size: $(cat .eaglekb/qwen05-draft-size)" ;;
+  tput)  # training throughput with the target in the loop, where a step's time goes; sets the schedule below
+    N=$(cat .eaglekb/qwen05-draft-size)
+    timeout 240 invoke finetune "${TRAIN[@]}" --mapping .eaglekb/vocab/qwen05-h200-$N.safetensors --steps 30 \
+      --val-fraction 0 --profile --out .eaglekb/runs/qwen05-tput --record h200-qwen05-throughput 2>&1 \
+      | tee "$LOGS/tput.log" | grep -v '%|' ;;
+  train-bg)  # TRAIN_S seconds of training at the measured step time, in the background (survives the call)
+    N=$(cat .eaglekb/qwen05-draft-size)
+    S=$(python3 -c "import json; p = json.load(open('baselines/finetune/h200-qwen05-throughput.json'))['metrics']['profile']; \
+print(max(200, min(6000, int(0.9 * ${TRAIN_S:-400} * 1000 / p['step_ms']) // 10 * 10)))")
+    echo "$S" > .eaglekb/qwen05-steps; echo "schedule: $S steps"
+    setsid nohup invoke finetune "${TRAIN[@]}" --mapping .eaglekb/vocab/qwen05-h200-$N.safetensors --steps "$S" \
+      --val-fraction 0.02 --eval-every $((S / 4)) --save-every $((S / 2)) --out $RUN --record h200-qwen05 \
+      > "$LOGS/train.log" 2>&1 < /dev/null &
+    echo $! > /tmp/train.pid; echo "training started (pid $!)" ;;
+  wait-train)  # until the training ends or SECONDS pass
+    end=$((SECONDS + ${1:-540}))
+    while kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 5; done
+    tr '\r' '\n' < "$LOGS/train.log" | grep -v '%|' | tail -25
+    tr '\r' '\n' < "$LOGS/train.log" | grep '%|' | tail -1
+    [ -f $RUN/drafter/model.safetensors ] && echo "drafter ready" || echo "still training" ;;
+  probe)
+    invoke inspect $RUN/drafter --target $T 2>&1 | tee "$LOGS/inspect.log"
+    for p in humaneval builtin gsm8k-eval; do
+      timeout 150 invoke probe --target $T --drafter $RUN/drafter --prompts $p --num-prompts 8 --max-new-tokens 128 \
+        --device cuda --dtype bfloat16 --record h200-qwen05-$p 2>&1 | tee "$LOGS/probe-$p.log" | grep -v '%|' \
+        || echo "probe $p FAILED"; done ;;
+  bench)
+    timeout "${1:-330}" invoke bench --target $T --drafter $RUN/drafter --prompts humaneval --num-prompts 4 \
+      --max-new-tokens 128 --sweep '2,1;3,1;4,1;4,4,16' --repeats 3 --device cuda --dtype bfloat16 --graphs both \
+      --profile --peers hf_generate,hf_prompt_lookup,hf_static_compile --record h200-qwen05 2>&1 \
+      | tee "$LOGS/bench.log" | grep -v '%|' || echo "bench FAILED" ;;
+  back1)  # the baselines, the logs, the drafter's config and manifest, its first pieces (15 MiB each)
+    python3 -c "from pathlib import Path; from eaglekb.io.pieces import split; \
+split(Path('$RUN/drafter/model.safetensors'), Path('/tmp/drafter-pieces'), 15 << 20, name='qwen05-drafter')"
+    bundle all
+    cp $RUN/drafter/config.json /tmp/drafter-pieces/qwen05-drafter.pieces.json "$OUT"/
+    cp /tmp/drafter-pieces/qwen05-drafter.part00[0-2] "$OUT"/ 2>/dev/null || true; ls -la "$OUT" ;;
+  back2)
+    cp /tmp/drafter-pieces/qwen05-drafter.part00[3-9] "$OUT"/ 2>/dev/null || true; bundle final; ls -la "$OUT" ;;
+  *) echo "unknown stage $stage" >&2; exit 2 ;;
+esac
