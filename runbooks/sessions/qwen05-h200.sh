@@ -17,9 +17,11 @@ OUT=${OUT:-/tmp/out} REPO=/tmp/repo
 mkdir -p /tmp/carry "$LOGS" "$OUT"
 # provenance: the export holds the commit it was made from in .commit (git archive COMMIT; then COMMIT > .commit)
 [ -f "$REPO/.commit" ] && export EAGLEKB_GIT_COMMIT=$(cat "$REPO/.commit") EAGLEKB_GIT_DIRTY=0
-# the finetune options both the throughput run and the training share (the mapping and the steps added there)
+# the finetune options both the throughput run and the training share (the mapping and the steps added there);
+# --compile off: under --batching length the compiled unroll recompiled for every batch length (2,890 ms a step,
+# 87% of it the unroll, against 266 ms eager on the same data: finetune/h200-qwen05-throughput{,-eager})
 TRAIN=(--data $DATA --device cuda --batch-size 64 --batching length --max-len 1024 --ttt-steps 4 --lr 1e-3
-       --min-lr-frac 0.05 --warmup-frac 0.03 --seed 0)
+       --min-lr-frac 0.05 --warmup-frac 0.03 --seed 0 --compile off)
 bundle() { (cd "$REPO" && tar -cf "$OUT/baselines-$1.tar" $(find baselines -newer .exported -name '*.json')) || true
            tar -czf "$OUT/logs-$1.tgz" -C "$LOGS" . 2>/dev/null || true; }
 stage=${1:?stage}; shift
@@ -55,7 +57,7 @@ case "$stage" in
       --shard-size 1024 --time-budget-s "${2:-180}" --out $DATA --record h200-qwen05 2>&1 | tee "$LOGS/datagen.log" \
       | grep -v '%|' ;;
   vocab)
-    for n in 16384 32768; do
+    for n in ${SIZES:-16384 32768}; do
       invoke vocab.build --dataset $DATA --holdout 20 --draft-vocab-size $n --out .eaglekb/vocab/qwen05-h200-$n.safetensors \
         --record h200-qwen05-$n 2>&1 | tee "$LOGS/vocab-$n.log"; done
     python3 -c "import json; c = json.load(open('baselines/vocab/h200-qwen05-16384.json'))['metrics']['heldout_coverage_pct']; \
@@ -66,13 +68,13 @@ print(16384 if c >= 95 else 32768)" > .eaglekb/qwen05-draft-size
     timeout 240 invoke finetune "${TRAIN[@]}" --mapping .eaglekb/vocab/qwen05-h200-$N.safetensors --steps 30 \
       --val-fraction 0 --profile --out .eaglekb/runs/qwen05-tput --record h200-qwen05-throughput 2>&1 \
       | tee "$LOGS/tput.log" | grep -v '%|' ;;
-  train-bg)  # TRAIN_S seconds of training at the measured step time, in the background (survives the call)
+  train-bg)  # STEPS, or TRAIN_S seconds at the measured step time, in the background (survives the call)
     N=$(cat .eaglekb/qwen05-draft-size)
-    S=$(python3 -c "import json; p = json.load(open('baselines/finetune/h200-qwen05-throughput.json'))['metrics']['profile']; \
-print(max(200, min(6000, int(0.9 * ${TRAIN_S:-400} * 1000 / p['step_ms']) // 10 * 10)))")
+    S=${STEPS:-$(python3 -c "import json; p = json.load(open('baselines/finetune/h200-qwen05-throughput.json'))['metrics']['profile']; \
+print(max(200, min(6000, int(0.9 * ${TRAIN_S:-400} * 1000 / p['step_ms']) // 10 * 10)))")}
     echo "$S" > .eaglekb/qwen05-steps; echo "schedule: $S steps"
     setsid nohup invoke finetune "${TRAIN[@]}" --mapping .eaglekb/vocab/qwen05-h200-$N.safetensors --steps "$S" \
-      --val-fraction 0.02 --eval-every $((S / 4)) --save-every $((S / 2)) --out $RUN --record h200-qwen05 \
+      --val-fraction 0.02 --eval-every $((S / 4)) --save-every $((S / 2)) --profile --out $RUN --record h200-qwen05 \
       > "$LOGS/train.log" 2>&1 < /dev/null &
     echo $! > /tmp/train.pid; echo "training started (pid $!)" ;;
   wait-train)  # until the training ends or SECONDS pass
