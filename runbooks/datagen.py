@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from runbooks._common import claim, cli_errors, emit, finish, refuse_ignored, task
+from runbooks._common import Opt, claim, cli_errors, emit, finish, refuse_ignored, task
 
 @task(
     default=True,
     iterable=["corpus"],
+    options={"slice": Opt(str, label="K/N")},  # checked by eaglekb.data.prompts.parse_slice, the one parser
     help={
         "target": "model: an embedded name (smollm2-135m), a local folder or a HF repo id",
         "corpus": "prompt source, repeatable (wiki, chitchat, gsm8k, gpqa, aime, wiki-instruct, chitchat-multi, "
                   "gsm8k-instruct, gsm8k-code; NAME:K = K variants per item, 0 = all); default wiki+chitchat+gsm8k",
-        "per_source": "prompts taken from each corpus (train split, shuffled with --seed)",
+        "per_source": "prompts taken from each corpus (train split, shuffled with --seed; 0 = all); a cap: a corpus "
+                      "with fewer gives all it has, said in one note line and recorded",
+        "slice": "slice K of N (1-based) of every corpus's prompts, dealt out by item (stable hash), so N "
+                 "sessions generate disjoint parts of the same mix; each slice needs its own --out",
         "prompts_file": "prompts from a file instead (JSON lines with prompt/messages, or one per line)",
         "out": "dataset folder (default .eaglekb/datasets/<target>-<n>-<mode>); a rerun resumes it",
         "mode": "greedy or sampled regeneration",
@@ -44,9 +48,10 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
             temperature=0.7, top_p=0.95, max_new_tokens=256, max_len=1024, batch_size=8, shard_size=256,
             features="stored", no_final_hidden=False, dtype="bfloat16", device="cpu", device_map=None,
             server=None, server_model="default", seed=0, json=False, record=None, compare=None, threads=None,
-            generator="auto", samples=None, nproc=1, time_budget_s=None):
+            generator="auto", samples=None, nproc=1, time_budget_s=None, slice=None):
     """Regenerate responses with the target and store what EAGLE-3 training reads (resumable)."""
     with cli_errors():
+        import sys
         from pathlib import Path
 
         if threads:
@@ -74,7 +79,11 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
             ("server_model", not server, "--server URL"),
         ], locals())
         path = sources.resolve(str(target))
-        prompts = training_prompts(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed))
+        prompts = training_prompts(corpus, per_source=int(per_source), prompts_file=prompts_file, seed=int(seed),
+                                   slice_spec=slice)
+        for note in prompts.manifest.get("notes") or []:
+            print(f"note: {note}", file=sys.stderr)
+        part = prompts.manifest.get("slice")
         cfg = dg.DatagenConfig(max_new_tokens=int(max_new_tokens), max_len=int(max_len), batch_size=int(batch_size),
                                mode=mode, temperature=float(temperature), top_p=float(top_p), seed=int(seed),
                                shard_size=int(shard_size), features=features, store_final_hidden=not no_final_hidden,
@@ -82,9 +91,11 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
                                generator=("engine" if str(device).startswith("cuda") else "hf")
                                if generator == "auto" else generator)
         name = Path(str(target)).name
-        out = claim(out or Path(".eaglekb/datasets") / f"{name}-{len(prompts)}-{mode}", "--out", folder=True,
+        default = f"{name}-{len(prompts)}-{mode}" + (f"-slice{part.replace('/', 'of')}" if part else "")
+        out = claim(out or Path(".eaglekb/datasets") / default, "--out", folder=True,
                     ours=lambda p: (p / "manifest.json").is_file(), reuse=True, what="dataset folder",
                     inputs=[prompts_file, path if Path(str(path)).is_dir() else None])
+        dg.check_slice(out, part)  # before the target loads: a folder of another slice is refused at once
         manifest = generate_dataset(path, prompts, out, cfg, nproc=int(nproc), device=device, device_map=device_map,
                                     server=server, server_model=server_model, progress=not json,
                                     time_budget_s=float(time_budget_s) if time_budget_s else None)
@@ -96,7 +107,8 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
                   "prompts_sha256": prompts.manifest.get("sha256"), "threads": threads, "nproc": int(nproc),
                   "time_budget_s": time_budget_s, "stopped_by_budget": (manifest.get("last_run") or {}).get(
                       "stopped_by_budget"),
-                  "prompts_manifest": prompts.manifest, **cfg.__dict__}
+                  "prompts_manifest": prompts.manifest, **cfg.__dict__,
+                  **({"slice": part} if part else {})}  # unsliced: the config of earlier records, unchanged
         doc.update(finish(kind="datagen", record=record, compare=compare, config=config, metrics=metrics,
                           noise=dg.NOISE, summary=f"{metrics['bytes_per_token_bytes']} bytes/token on disk "
                           f"({metrics['hidden_state_bytes_per_token_bytes']} of them hidden states), "

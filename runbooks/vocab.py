@@ -64,7 +64,7 @@ def build(c, out, draft_vocab_size, counts=None, dataset=None, corpus=None, per_
             from eaglekb.data import corpora
             from eaglekb.models import sources
 
-            limit = parse_int(per_source, "--per-source") if per_source else 10**9
+            limit = parse_int(per_source, "--per-source") if per_source else 0  # 0: all
             prompts = corpora.mix(corpus, per_source=limit, seed=parse_int(seed, "--seed"))
             folder = sources.resolve(target)
             tok = AutoTokenizer.from_pretrained(str(folder))

@@ -184,3 +184,21 @@ def test_cuda_levers_train_like_the_reference(data, tmp_path):
         assert fast["profile"]["timer"] == "cuda events" and fast["profile"]["steps"] == 3
         for step, loss in ref["history"]["train_loss"].items():
             assert fast["history"]["train_loss"][step] == pytest.approx(loss, rel=tol)
+
+
+def test_one_compile_serves_every_batch_length(monkeypatch):
+    """The sequence length is dynamic from the first compile: batches of other lengths compile nothing more."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(ttt, "COMPILE_BACKEND", counter)
+    model = _model(4096)
+    model.compile_unroll()
+    for t in (14, 9, 23):
+        batch = {k: v[:, :t].contiguous() if v.dim() > 1 and v.shape[1] == 14 else v for k, v in _batch(True).items()}
+        if t > 14:  # longer than the fixture: pad every per-position tensor to t
+            batch = {k: torch.cat([v, torch.zeros(v.shape[0], t - 14, *v.shape[2:], dtype=v.dtype)], 1)
+                     for k, v in batch.items()}
+        _run(model, batch)
+    assert model.compiled and model.compile_error is None
+    assert counter.frame_count == 1

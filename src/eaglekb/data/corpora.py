@@ -424,6 +424,7 @@ def load(name: str, *, split: Split = "train", limit: int | None = None, seed: i
                        expected="split 'eval'", found="split 'train'", fix="evaluation prompts never go into training")
     items = [it for it in _items(name, data_path(source)) if split == "all" or it.split == split]
     prompts = _prompts(source, items, variants)
+    available = len(prompts)
     if shuffle:
         random.Random(seed).shuffle(prompts)
     if limit is not None:
@@ -434,7 +435,7 @@ def load(name: str, *, split: Split = "train", limit: int | None = None, seed: i
     n_items = len({p.id.rsplit("#", 1)[0] for p in prompts}) if source.render else len(prompts)
     manifest = {
         "source": name, "package": source.package, "version": source.version, "license": source.license,
-        "split": split, "count": len(prompts), "items": n_items,
+        "split": split, "count": len(prompts), "items": n_items, "available": available,
         "variants": variants, "sha256": prompts_hash(prompts), "seed": seed, "shuffled": shuffle,
         "data_file": source.data_file,
     }
@@ -449,13 +450,20 @@ def distinct_count(prompts: Iterable[Prompt]) -> int:
 
 
 def mix(names: Iterable[str], *, per_source: int | None, split: Split = "train", seed: int = 0) -> PromptSet:
-    """An interleaved mix of several sources, ``per_source`` prompts each (shuffled, seeded; 0 or None = all)."""
+    """An interleaved mix of several sources, ``per_source`` prompts each (shuffled, seeded; 0 or None = all).
+
+    ``per_source`` is a cap: a corpus with fewer prompts in the split gives all it has, and the manifest says so
+    (``clamped``: corpus -> prompts taken; ``notes``: one line per clamped corpus, for the caller to show).
+    """
     limit = per_source or None
     sets = [load(n, split=split, limit=limit, seed=seed, shuffle=True) for n in names]
     prompts = [s.prompts[i] for i in range(max((len(s) for s in sets), default=0)) for s in sets if i < len(s)]
+    clamped = {s.manifest["source"]: len(s) for s in sets if limit is not None and len(s) < limit}
     return PromptSet("+".join(s.name for s in sets), prompts, manifest={
         "mix": [s.manifest for s in sets], "count": len(prompts), "distinct_prompts": distinct_count(prompts),
-        "sha256": prompts_hash(prompts), "seed": seed, "per_source": limit,
+        "sha256": prompts_hash(prompts), "seed": seed, "per_source": limit, "clamped": clamped,
+        "notes": [f"corpus {n} has only {k} {split} prompts; taking all {k} of --per-source {limit}"
+                  for n, k in clamped.items()],
     })
 
 

@@ -18,7 +18,7 @@ Owns the datagen run, from a prompt set to a dataset folder:
 3. *Store* packed sequences in shards (``eaglekb.formats.shards``) plus the manifest
    (corpus manifests, target, capture points, counts, bytes per token, throughput). A
    rerun skips shards already written, so an interrupted run resumes; a rerun with
-   another config is refused (``DatagenConfig``'s identity hash guards it).
+   another config is refused (``DatagenConfig``'s identity hash; another --slice: ``check_slice``).
 
 Also: the storage report a recorded run keeps, and its text rendering.
 
@@ -156,7 +156,18 @@ def _identity(target, prompts_manifest: dict, cfg: DatagenConfig) -> dict:
         "capture_points": list(target.capture_points),
         "prompts_sha256": prompts_manifest.get("sha256"),
         "config": asdict(cfg),
+        **({"slice": prompts_manifest["slice"]} if prompts_manifest.get("slice") else {}),  # unsliced: as before
     }
+
+
+def check_slice(out: str | Path, part: str | None) -> None:
+    """A dataset folder holds one slice of a mix (``--slice K/N``) or the whole mix; another there would mix data."""
+    existing = read_manifest(Path(out))
+    held = (existing or {}).get("identity", {}).get("slice")
+    if existing is not None and held != part:
+        raise Incompatible("output folder holds another slice of the prompts", where=str(Path(out) / MANIFEST),
+                           expected=f"--slice {held}" if held else "no --slice (it holds the whole mix)",
+                           found=f"--slice {part}" if part else "no --slice", fix="give each slice its own --out")
 
 
 def _prepare_out(out: Path, identity: dict) -> dict:
@@ -165,6 +176,7 @@ def _prepare_out(out: Path, identity: dict) -> dict:
     existing = read_manifest(out)
     ident_hash = config_hash(identity)
     if existing is not None:
+        check_slice(out, identity.get("slice"))
         if existing.get("identity_hash") != ident_hash:
             where, old, new = first_difference(existing.get("identity", {}), identity)
             diff = f"{where}: {old!r} != {new!r}"
@@ -186,18 +198,13 @@ def write_manifest(out: Path, manifest: dict, cfg: DatagenConfig) -> None:
     shard_bytes = sum(e["bytes"] for e in shards.values())
     t = manifest["identity"]["target"]
     item = {"bfloat16": 2, "float16": 2, "float32": 4}[cfg.dtype]
-    hidden_per_token = 0
-    if cfg.features == "stored":
-        hidden_per_token = 3 * t["hidden_size"] * item + (t["hidden_size"] * item if cfg.store_final_hidden else 0)
+    per = t["hidden_size"] * item
+    hidden_per_token = (3 * per + (per if cfg.store_final_hidden else 0)) if cfg.features == "stored" else 0
     manifest["totals"] = {
-        "shards": len(shards),
-        "sequences": sum(e["sequences"] for e in shards.values()),
-        "tokens": tokens,
-        "loss_tokens": sum(e["loss_tokens"] for e in shards.values()),
-        "shard_bytes": shard_bytes,
+        "shards": len(shards), "sequences": sum(e["sequences"] for e in shards.values()), "tokens": tokens,
+        "loss_tokens": sum(e["loss_tokens"] for e in shards.values()), "shard_bytes": shard_bytes,
         "bytes_per_token": round(shard_bytes / tokens, 2) if tokens else None,
-        "hidden_bytes_per_token": hidden_per_token,
-        "by_source": _sum_sources(shards.values()),
+        "hidden_bytes_per_token": hidden_per_token, "by_source": _sum_sources(shards.values()),
     }
     atomic_write_json(Path(out) / MANIFEST, manifest)
 

@@ -18,6 +18,7 @@ Knows nothing about the task runner.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,7 +27,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from eaglekb.data.datagen import DatagenConfig, build, write_manifest
+from eaglekb.data.corpora import prompts_hash
+from eaglekb.data.datagen import DatagenConfig, build, first_difference, write_manifest
 from eaglekb.data.generation import progress_bar
 from eaglekb.data.prompts import read_prompt_sets, write_prompt_sets
 from eaglekb.formats.shards import HEAD_FILE, read_manifest
@@ -143,16 +145,33 @@ def merge(out: Path, nproc: int, cfg: DatagenConfig, wall_s: float) -> dict:
     return read_json(out / "manifest.json", what="dataset manifest")
 
 
+def _check_rerun(out: Path, conf: dict) -> None:
+    """A folder of an earlier several-process run resumes only with the same target, config and prompts."""
+    if not (out / RUN_FILE).is_file():
+        return
+    old = read_json(out / RUN_FILE, what="datagen run file")
+    if "prompts_sha256" not in old and (out / PROMPTS_FILE).is_file():  # written before the hash was kept
+        old["prompts_sha256"] = prompts_hash(read_prompt_sets(out / PROMPTS_FILE, ["train"])["train"].prompts)
+    keys = ("target", "config", "model_dtype", "prompts_sha256")
+    now_conf = json.loads(json.dumps({k: conf[k] for k in keys}))  # as the run file holds it (tuples as lists)
+    where, was, now = first_difference({k: old.get(k) for k in keys}, now_conf)
+    if where:
+        raise Incompatible("output folder holds a datagen run with another config", where=str(out / RUN_FILE),
+                           expected=f"{where} {was!r} (the earlier run's)", found=f"{now!r} (now)",
+                           fix="rerun with the earlier options to resume, or give another --out")
+
+
 def launch(target_path: str | Path, prompts, out: str | Path, cfg: DatagenConfig, *, nproc: int, device: str,
            model_dtype: str | None = None, progress: bool = True) -> dict:
     """``build`` in ``nproc`` processes (one per GPU) on disjoint prompt shards; returns the merged manifest."""
     cfg.check()
     check_nproc(nproc, device)
     out = Path(out)
+    conf = {"target": str(target_path), "out": str(out), "config": asdict(cfg), "device": device,
+            "model_dtype": model_dtype, "prompts_sha256": prompts_hash(prompts.prompts)}
+    _check_rerun(out, conf)  # before anything is written: a rerun with another config leaves the folder as it was
     out.mkdir(parents=True, exist_ok=True)
     write_prompt_sets(out / PROMPTS_FILE, {"train": prompts})
-    conf = {"target": str(target_path), "out": str(out), "config": asdict(cfg), "device": device,
-            "model_dtype": model_dtype}
     run_file = atomic_write_json(out / RUN_FILE, conf)
     t0 = time.perf_counter()
     _watch(_start(run_file, out, nproc, device), out, nproc, len(prompts) * len(cfg.temperatures()), progress)

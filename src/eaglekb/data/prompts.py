@@ -12,9 +12,12 @@ Owns:
     ``write_prompt_sets``; the story's A / B / eval prompts);
 
 * ``training_prompts``: the training set of a datagen run, a corpus mix (train splits of
-  plain or derived corpora, ``per_source`` 0 = all) or a prompts file, checked disjoint from
-  every evaluation set (``gsm8k-eval``, ``humaneval``, ``builtin`` and the eval splits of the
-  corpora it draws on), by prompt and by message;
+  plain or derived corpora, ``per_source`` a cap, 0 = all) or a prompts file, checked disjoint
+  from every evaluation set (``gsm8k-eval``, ``humaneval``, ``builtin`` and the eval splits of
+  the corpora it draws on), by prompt and by message;
+* slices of a mix (``--slice K/N``: ``parse_slice``, ``item_key``, ``slice_of``, ``take_slice``):
+  each prompt goes to a slice by a stable hash of its underlying item, so N sessions generate
+  disjoint parts of one mix that together are all of it, never splitting an item's variants;
 * ``eval_prompts``: an evaluation set by name (``builtin``, a held-out corpora set
   such as ``gsm8k-eval``, or a prompts file) for probe and bench.
 
@@ -171,17 +174,68 @@ def write_prompt_sets(path: str | Path, sets: dict[str, PromptSet]) -> Path:
 # ----------------------------------------------------------------------------- prompt sets
 
 
+def parse_slice(spec: str | None) -> tuple[int, int] | None:
+    """``K/N`` (slice K of N, 1-based) -> (K, N); None or empty -> None; anything else one line (``--slice``)."""
+    if spec is None or str(spec) == "":
+        return None
+    k, sep, n = str(spec).strip().partition("/")
+    if not (sep and k.isascii() and k.isdecimal() and n.isascii() and n.isdecimal() and 1 <= int(k) <= int(n)):
+        raise BadInput("not a slice", where="--slice", expected="K/N with 1 <= K <= N (slice K of N, e.g. 1/3)",
+                       found=repr(str(spec))[:80])
+    return int(k), int(n)
+
+
+def item_key(prompt_id: str) -> str:
+    """The underlying item a corpus prompt was made from, named by its plain base corpus: every variant of one
+    item, and one title, conversation or question in its plain and derived corpora, share a key
+    (``wiki-instruct:Ada Lovelace#3`` and ``wiki:Ada Lovelace`` -> ``wiki:Ada Lovelace``)."""
+    name, _, key = prompt_id.partition(":")
+    source = corpora.SOURCES.get(name)
+    if source is None:
+        return prompt_id
+    if source.render is not None:  # a derived corpus's ids end in #OPTION (its variant)
+        key = key.rsplit("#", 1)[0]
+    return f"{source.base or name}:{key}"
+
+
+def slice_of(prompt_id: str, n: int) -> int:
+    """Which of ``n`` slices (1-based) a prompt belongs to: a stable hash of its item (``item_key``), so the
+    slices are disjoint and cover the set for any seed or ``per_source``, and an item is never split."""
+    return int(hashlib.sha256(f"slice:{item_key(prompt_id)}".encode()).hexdigest(), 16) % n + 1
+
+
+def take_slice(ps: PromptSet, part: tuple[int, int]) -> PromptSet:
+    """Slice K of N of a corpus mix (order kept); the manifest gains ``slice`` and the counts before it."""
+    k, n = part
+    chosen = [p for p in ps.prompts if slice_of(p.id, n) == k]
+    if not chosen:
+        raise BadInput("the slice holds no prompts", where="--slice", expected="at least one prompt in it",
+                       found=f"0 of the {len(ps.prompts)} prompts in slice {k}/{n}",
+                       fix="fewer slices or a larger --per-source")
+    by_source = {s: sum(p.source == s for p in chosen) for s in sorted({p.source for p in chosen})}
+    manifest = dict(ps.manifest, slice=f"{k}/{n}", count=len(chosen), sha256=prompts_hash(chosen),
+                    distinct_prompts=corpora.distinct_count(chosen), unsliced_count=ps.manifest.get("count"),
+                    unsliced_sha256=ps.manifest.get("sha256"), slice_counts=by_source)
+    return PromptSet(f"{ps.name}-slice{k}of{n}", chosen, manifest=manifest)
+
+
 def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int | None = 20,
-                     prompts_file: str | None = None, seed: int = 0) -> PromptSet:
+                     prompts_file: str | None = None, seed: int = 0, slice_spec: str | None = None) -> PromptSet:
     """The training prompt set: a corpus mix (train splits) or a prompts file, checked against the eval sets.
 
     ``corpus``: names from ``corpora.TRAINING_CORPORA``, each optionally ``NAME:K`` (K variants per item of a
-    derived corpus, 0 = all); ``per_source``: prompts from each (0 or None = all). The set is refused if any
-    prompt, or any message of one, equals a prompt of ``gsm8k-eval``, ``humaneval``, ``builtin`` or the
-    evaluation split of a corpus it draws on.
+    derived corpus, 0 = all); ``per_source``: prompts from each (0 or None = all; a cap: a smaller corpus gives
+    all it has, noted in the manifest's ``notes``); ``slice_spec``: ``K/N``, slice K of N of that mix
+    (``take_slice``: every corpus dealt out by item, so N sessions make disjoint parts of one mix). The set is
+    refused if any prompt, or any message of one, equals a prompt of ``gsm8k-eval``, ``humaneval``, ``builtin``
+    or the evaluation split of a corpus it draws on.
     """
     names: list[str] = []
+    part = parse_slice(slice_spec)
     if prompts_file:
+        if part is not None:
+            raise BadInput("a slice is taken of corpora only", where="--slice", expected="--corpus (no --prompts-file)",
+                           found=f"--prompts-file {prompts_file}", fix="split the prompts file into files instead")
         ps = read_prompts_file(prompts_file)
     else:
         names = list(corpus or DEFAULT_CORPORA)
@@ -197,6 +251,9 @@ def training_prompts(corpus: Sequence[str] | None = None, *, per_source: int | N
                            expected=", ".join(corpora.TRAINING_CORPORA), found=bad[0],
                            fix="evaluation prompts never go into training")
         ps = corpora.mix(names, per_source=per_source, seed=seed)
+        ps.manifest["slice"] = None
+        if part is not None:
+            ps = take_slice(ps, part)
     splits = [eval_prompts("builtin"), *corpora.eval_splits(names)]
     corpora.check_disjoint(ps, *(corpora.load(name, split="eval") for name in corpora.EVAL_SETS), *splits)
     ps.manifest["eval_sets_excluded"] = list(corpora.EVAL_SETS)

@@ -74,7 +74,6 @@ def prepare(cfg: TrainConfig) -> Run:
     cfg.check()
     device = pick_device(cfg.device)
     ds = open_dataset(cfg.data)
-    features = _online_features(cfg, ds, device)
     val_ds, train_idx, val_idx = _split(cfg, ds)
     mapping, mapping_report = choose_mapping(cfg, ds)
     notes: list[str] = []
@@ -82,6 +81,7 @@ def prepare(cfg: TrainConfig) -> Run:
     if ds.target["hidden_size"] != (drafter.config.target_hidden_size or drafter.config.hidden_size):
         raise Incompatible("dataset hidden size does not match the drafter", where=cfg.data,
                            expected=str(drafter.config.target_hidden_size), found=str(ds.target["hidden_size"]))
+    features = _online_features(cfg, ds, device)  # the target loads only once the data, mapping and drafter fit
     drafter = drafter.float().to(device)
     drafter.inv_freq = drafter.inv_freq.float()
     embed, head = _target_tables(ds, features)

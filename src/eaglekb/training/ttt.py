@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch._dynamo
 from torch import nn
 from torch.nn import functional as F
 
@@ -130,7 +131,12 @@ class TTTModel(nn.Module):
         return [self.drafter.logits(h) for h in self._unroll(input_ids, aux_hidden)]
 
     def compile_unroll(self) -> None:
-        """Run the unroll through ``torch.compile`` (``COMPILE_BACKEND``) from the next forward on."""
+        """Run the unroll through ``torch.compile`` (``COMPILE_BACKEND``) from the next forward on.
+
+        The sequence length is marked dynamic at every call, so the graph compiled on the first batch serves
+        every later length. Left to dynamo's automatic dynamic shapes, the second distinct length (every batch
+        of ``--batching length``) compiled the whole unroll again: 66 s on the CPU for a tiny drafter.
+        """
         self._compiled = torch.compile(self._unroll, backend=COMPILE_BACKEND)
         self.compile_error = None
 
@@ -146,6 +152,9 @@ class TTTModel(nn.Module):
     def hiddens(self, input_ids, aux_hidden) -> list[torch.Tensor]:
         """Each TTT step's pre-norm output hidden ``[K][B,T,H]``: compiled when on, eager after a compile error."""
         if self._compiled is not None:
+            if input_ids.shape[1] > 1:  # one graph for every batch length: no second compile at the second length
+                torch._dynamo.mark_dynamic(input_ids, 1)
+                torch._dynamo.mark_dynamic(aux_hidden, 1)
             try:
                 return self._compiled(input_ids, aux_hidden)
             except Exception as exc:  # a compiler failure of any kind: the eager unroll computes the same
