@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from helpers.engine import record_trees
+from helpers.engine import record_fused_trees, record_trees
 from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine.draft import DraftModel
@@ -76,20 +76,6 @@ TREES = [SpecConfig(steps=3, topk=2), SpecConfig(steps=4, topk=3, draft_tokens=8
          SpecConfig(steps=4, topk=4, draft_tokens=16), SpecConfig(steps=5, topk=4, draft_tokens=3)]
 
 
-def _fused_trees(fc: FusedTree) -> list:
-    """Record the trees the fused draft program hands the verify, as (tokens, parents, depths)."""
-    seen, real = [], fc.draft
-
-    def record(meta, aux):
-        vids, depth, prow, base = real(meta, aux)
-        n = fc.nodes
-        seen.append((vids[1:n + 1].tolist(), (prow[1:n + 1] - 1).tolist(), depth[1:n + 1].tolist()))
-        return vids, depth, prow, base
-
-    fc.draft = record
-    return seen
-
-
 @pytest.mark.parametrize("kind,sharp", [("llama", 1.0), ("llama", 20.0), ("qwen2", 20.0)])
 @pytest.mark.parametrize("spec", TREES, ids=lambda s: f"s{s.steps}k{s.topk}n{s.draft_tokens}")
 def test_fused_tree_drafts_the_named_steps_trees_and_tokens(kind, sharp, spec):
@@ -105,7 +91,7 @@ def test_fused_tree_drafts_the_named_steps_trees_and_tokens(kind, sharp, spec):
     fused = Engine(tm, dm, fused=True)
     fc = fused._fused[(spec.steps, spec.topk, spec.draft_tokens)] = FusedTree(fused, spec.steps, spec.topk,
                                                                                spec.draft_tokens)
-    seen = _fused_trees(fc)
+    seen = record_fused_trees(fc)
     a = fused.speculative(prompt, 40, spec)
     assert a.tokens == b.tokens == want
     assert a.accept_lens == b.accept_lens and a.accepted_per_depth == b.accepted_per_depth

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers.engine import record_trees
+from helpers.engine import record_fused_trees, record_trees
 from helpers.models import tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine.batch import BatchDecoder, Request
@@ -60,16 +60,7 @@ def test_fused_tree_graphed_equals_the_eager_named_steps_float32(kind):
         assert a.tokens == b.tokens == want and a.accept_lens == b.accept_lens
         fc = fast.fused_cycle(spec)
         assert fc.draft.graphs and fc.verify.graphs  # captured: the tree ran as two graph replays per cycle
-        seen = []
-        inner = fc.draft
-
-        def grab(meta, aux):
-            vids, depth, prow, base = inner(meta, aux)
-            n = fc.nodes
-            seen.append((vids[1:n + 1].tolist(), (prow[1:n + 1] - 1).tolist(), depth[1:n + 1].tolist()))
-            return vids, depth, prow, base
-
-        fc.draft = grab
+        seen = record_fused_trees(fc)
         assert fast.speculative(prompt, 40, spec).tokens == want
         assert seen == trees[1:]
 

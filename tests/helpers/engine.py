@@ -74,3 +74,18 @@ def record_trees(engine) -> list[tuple]:
 
     engine.drafting.tree = record
     return trees
+
+
+def record_fused_trees(fc) -> list[tuple]:
+    """Make a ``FusedTree``'s draft program also append each tree it hands the verify, as (tokens, parents,
+    depths) in the named drafting's form, to the list it returns."""
+    seen, real = [], fc.draft
+
+    def record(meta, aux):
+        vids, depth, prow, base = real(meta, aux)
+        n = fc.nodes
+        seen.append((vids[1:n + 1].tolist(), (prow[1:n + 1] - 1).tolist(), depth[1:n + 1].tolist()))
+        return vids, depth, prow, base
+
+    fc.draft = record
+    return seen

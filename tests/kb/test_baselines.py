@@ -9,6 +9,7 @@ import pytest
 
 from eaglekb.kb import baselines as bl
 from eaglekb.io.errors import BadInput, MissingFile, SchemaError
+from helpers.kb import assert_edit_refused
 
 NOISE = {"repeats": 3, "spread_kind": "range", "spread": {"spec_tok_s": 2.0}, "tolerance_rel": 0.05}
 
@@ -62,14 +63,7 @@ def test_provenance_records_selected_env(root, monkeypatch):
     ],
 )
 def test_schema_violations_are_one_line(root, mutate, fragment):
-    path = bl.write(make(root), root)
-    data = json.loads(path.read_text())
-    mutate(data)
-    path.write_text(json.dumps(data))
-    with pytest.raises(SchemaError) as exc:
-        bl.load(path)
-    msg = exc.value.line()
-    assert "\n" not in msg and str(path) in msg and fragment in msg
+    assert_edit_refused(bl.write(make(root), root), mutate, fragment)
 
 
 def test_invalid_json_names_line(root):

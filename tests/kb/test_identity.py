@@ -15,6 +15,7 @@ from eaglekb.kb import baselines as bl
 from eaglekb.kb import identity
 from eaglekb.measure import provenance as prov
 from eaglekb.models import sources
+from helpers.kb import assert_edit_refused
 from helpers.site import git_env
 
 NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.05}
@@ -81,13 +82,7 @@ def test_inputs_are_found_by_config_key_including_a_server_s_paths():
 def test_schema_v2_refuses_a_measured_result_without_hashes_or_reproduce(root, edit, fragment):
     _drafter(root / "drafters/d", b"w")
     path = bl.write(_record(root, "run-a", {"drafter": "drafters/d"}), root)
-    data = json.loads(path.read_text())
-    edit(data)
-    path.write_text(json.dumps(data))
-    with pytest.raises(SchemaError) as exc:
-        bl.load(path)
-    line = exc.value.line()
-    assert "\n" not in line and str(path) in line and fragment in line, line
+    assert_edit_refused(path, edit, fragment)
 
 
 def test_a_v1_file_is_read_but_refused_in_the_tree_with_one_line(root):
