@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config
+from helpers.models import DRAFT_VOCAB, VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config
 
 from eaglekb.measure import probe
 from eaglekb.engine.draft import DraftModel
@@ -53,6 +53,23 @@ def test_teacher_forced_equals_sequential_inference_path():
         if k % 7:
             continue
         assert preds[:, k].tolist() == _sequential_chain(tm, dm, seq, root, steps), root
+
+
+def test_teacher_forced_counts_the_tokens_the_draft_vocabulary_holds():
+    """in_draft_vocab_frac is the share of the target's own next tokens in d2t's set: step 1's ceiling."""
+    cfg = tiny_llama_config(max_position_embeddings=128)
+    tm = TargetModel(tiny_causal_lm(cfg), default_capture_points(cfg.num_hidden_layers), 128)
+    selected = set(range(0, 2 * DRAFT_VOCAB, 2))
+    dm = DraftModel(tiny_drafter(cfg, seed=4), tm)  # tiny_drafter's default mapping: these target ids
+    seq = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    correct, held = probe.teacher_forced(tm, dm, seq, 10, 3)
+    _, labels = probe.teacher_forced_preds(tm, dm, seq, 10, 3)
+    assert held.tolist() == [t in selected for t in labels[0].tolist()]
+    m = probe.offline_metrics(correct, held)
+    assert m["in_draft_vocab_frac"] == pytest.approx(sum(t in selected for t in labels[0].tolist()) / labels.shape[1])
+    assert 0 < m["in_draft_vocab_frac"] < 1
+    assert m["acc_step1_frac"] <= m["in_draft_vocab_frac"]
+    assert not (correct[0] & ~held).any()  # a token the draft vocabulary lacks is never drafted
 
 
 def test_offline_metrics_chain_arithmetic():

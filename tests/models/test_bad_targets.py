@@ -137,3 +137,4 @@ def test_probe_names_how_to_obtain_a_drafter_kept_outside_the_repository(tmp_pat
     res = run_cli(["probe", "--target", "qwen2.5-coder-0.5b", "--num-prompts", "1"])
     assert res.code == 2 and len(res.err_lines) == 1, res.err
     assert home.path in res.err and "docs/howto/new-target.md" in res.err
+    assert home.sha256 and home.sha256 in res.err  # the drafter the baselines measured, by content

@@ -8,7 +8,9 @@ Owns:
   s-1, exactly as at inference when earlier drafts were right). Per-step
   acceptance (``acc``: step s right; ``full_acc``: steps 1..s all right, the
   chain's reach) and the simulated accept length ``1 + sum_s full_acc_s`` (bonus
-  included; SpecForge's ``simulated_acc_len`` is this minus 1).
+  included; SpecForge's ``simulated_acc_len`` is this minus 1); and the share of the
+  target's own response tokens that the draft vocabulary holds (``in_draft_vocab_frac``):
+  the ceiling of step 1's acceptance, which no training lifts past it.
 * online: real speculative decoding with the engine on held-out prompts: accept
   length per cycle (bonus included, SGLang's ``completion_tokens / verify_ct``), its
   histogram, acceptance per draft depth, exactness against the engine's plain
@@ -71,10 +73,12 @@ class ProbeConfig:
 # ----------------------------------------------------------------------------- offline
 
 
-def teacher_forced(target: TargetModel, dm: DraftModel, seq: list[int], prompt_len: int, steps: int) -> torch.Tensor:
-    """Per-root, per-step correctness ``[steps, R]`` (bool) over the response of ``seq``."""
+def teacher_forced(target: TargetModel, dm: DraftModel, seq: list[int], prompt_len: int, steps: int):
+    """Per-root, per-step correctness ``[steps, R]`` (bool) over the response of ``seq``, and whether each step-1
+    label (the target's own next token) is in the draft vocabulary ``[R]`` (bool)."""
     preds, labels = teacher_forced_preds(target, dm, seq, prompt_len, steps)
-    return preds == labels
+    held = torch.isin(labels[0], (dm.d2t + torch.arange(dm.d2t.numel(), device=dm.d2t.device)).cpu())
+    return preds == labels, held
 
 
 @torch.no_grad()
@@ -123,8 +127,9 @@ def teacher_forced_preds(target: TargetModel, dm: DraftModel, seq: list[int], pr
     return torch.stack(preds).cpu(), torch.stack(labels).cpu()
 
 
-def offline_metrics(correct: torch.Tensor) -> dict[str, Any]:
-    """acc / full_acc per step and the simulated accept length (bonus included)."""
+def offline_metrics(correct: torch.Tensor, held: torch.Tensor | None = None) -> dict[str, Any]:
+    """acc / full_acc per step and the simulated accept length (bonus included); with ``held`` (per root, the
+    target's token is in the draft vocabulary) the share the draft vocabulary holds."""
     steps, roots = correct.shape
     if roots == 0:
         raise BadInput("no response positions to probe", where="offline probe",
@@ -138,6 +143,8 @@ def offline_metrics(correct: torch.Tensor) -> dict[str, Any]:
             prev = full[s - 1].sum()
             m[f"cond_acc_step{s + 1}_frac"] = float(full[s].sum() / prev) if prev > 0 else 0.0
     m["simulated_accept_len"] = 1.0 + float(full.sum(0).mean())
+    if held is not None:
+        m["in_draft_vocab_frac"] = float(held.float().mean())
     return m
 
 
@@ -261,9 +268,10 @@ class ProbeReport:
 def _probe_one(engine: Engine, dm: DraftModel, prompts, cfg: ProbeConfig, eos, progress: bool, label: str):
     stats, base_tps, outputs = online(engine, prompts, cfg, eos, progress=progress, label=f"{label} online")
     with still_working(f"{label}: offline acceptance (teacher-forced, {len(prompts)} prompts)", enabled=progress):
-        correct = torch.cat([teacher_forced(engine.target, dm, p + o, len(p), cfg.steps)
-                             for p, o in zip(prompts, outputs)], dim=1)
-    return online_metrics(stats, cfg.steps, greedy=cfg.temperature <= 0), offline_metrics(correct), base_tps, stats
+        parts = [teacher_forced(engine.target, dm, p + o, len(p), cfg.steps) for p, o in zip(prompts, outputs)]
+    correct, held = torch.cat([c for c, _ in parts], dim=1), torch.cat([h for _, h in parts])
+    return (online_metrics(stats, cfg.steps, greedy=cfg.temperature <= 0), offline_metrics(correct, held), base_tps,
+            stats)
 
 
 def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
@@ -337,7 +345,9 @@ def render_text(r: ProbeReport) -> str:
         f"{r.config['device']} {r.config['dtype']}  prompts {r.prompts_manifest.get('count')} ({r.config['prompts']})",
         f"offline (teacher-forced): simulated accept_len {off['simulated_accept_len']:.3f}; per step acc "
         + ", ".join(f"{off[f'acc_step{s}_frac']:.3f}" for s in range(1, r.config["steps"] + 1))
-        + "; full " + ", ".join(f"{off[f'full_acc_step{s}_frac']:.3f}" for s in range(1, r.config["steps"] + 1)),
+        + "; full " + ", ".join(f"{off[f'full_acc_step{s}_frac']:.3f}" for s in range(1, r.config["steps"] + 1))
+        + (f"; the draft vocabulary holds {100 * off['in_draft_vocab_frac']:.1f}% of the target's tokens here"
+           if "in_draft_vocab_frac" in off else ""),
         f"online: accept_len {on['accept_len']:.3f} over {on['cycles_count']} cycles; histogram "
         + " ".join(f"{k[3:-6]}:{v}" for k, v in on["accept_len_hist"].items())
         + "; per depth " + ", ".join(f"{v:.3f}" for v in on["depth_accept"].values()),
