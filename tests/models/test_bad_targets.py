@@ -132,6 +132,12 @@ def test_probe_names_how_to_obtain_a_drafter_kept_outside_the_repository(tmp_pat
     home = DRAFTERS["qwen2.5-coder-0.5b"]
     assert not home.committed and default_drafter("qwen2.5-coder-0.5b") == home.path
     assert default_drafter("smollm2-135m") == default_drafter("some/folder") == "drafters/smollm2-135m-default"
+    import dataclasses
+
+    # where the drafter is absent (a fresh clone): its home moved to a folder nowhere, whether or not this
+    # checkout has joined the real drafter under .eaglekb/
+    home = dataclasses.replace(home, path=f".eaglekb/drafters/absent-{tmp_path.name}")
+    monkeypatch.setitem(DRAFTERS, "qwen2.5-coder-0.5b", home)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EAGLEKB_ROOT", raising=False)
     res = run_cli(["probe", "--target", "qwen2.5-coder-0.5b", "--num-prompts", "1"])
