@@ -11,7 +11,8 @@ from runbooks._common import Opt, claim, cli_errors, emit, finish, refuse_ignore
     help={
         "target": "model: an embedded name (smollm2-135m), a local folder or a HF repo id",
         "corpus": "prompt source, repeatable (wiki, chitchat, gsm8k, gpqa, aime, wiki-instruct, chitchat-multi, "
-                  "gsm8k-instruct, gsm8k-code; NAME:K = K variants per item, 0 = all); default wiki+chitchat+gsm8k",
+                  "gsm8k-instruct, gsm8k-code, py-functions; NAME:K = K variants per item, 0 = all); default "
+                  "wiki+chitchat+gsm8k",
         "per_source": "prompts taken from each corpus (train split, shuffled with --seed; 0 = all); a cap: a corpus "
                       "with fewer gives all it has, said in one note line and recorded",
         "slice": "slice K of N (1-based) of every corpus's prompts, dealt out by item (stable hash), so N "

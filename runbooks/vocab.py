@@ -19,7 +19,8 @@ from runbooks._common import given as given_opt
                    "prompt stay together), count the rest, and report the mapping's coverage on them (default 0: none)",
         "heldout": "held-out data to report coverage on: a dataset folder (with --holdout K: only its held-out "
                    "1 in K prompts) or a count file; repeatable",
-        "corpus": "count real prompt text instead: a corpus name, repeatable (wiki, chitchat, gsm8k, gpqa, aime)",
+        "corpus": "count real prompt text instead: a corpus name, repeatable (wiki, chitchat, gsm8k, gpqa, aime, "
+                  "py-functions ...)",
         "per_source": "prompts per corpus when counting corpora (default: all of the train split)",
         "seed": "shuffle seed for the --per-source sample (default 0)",
         "target": "model whose tokenizer and chat template render the corpora (default smollm2-135m)",

