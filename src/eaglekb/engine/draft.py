@@ -28,7 +28,7 @@ from eaglekb.engine.kv import StaticKV, mask_width, write_slots
 from eaglekb.engine.model import TargetModel, compile_fixed
 from eaglekb.formats.mapping import check_mapping
 from eaglekb.io.errors import Incompatible
-from eaglekb.models.layers import apply_rope, attend, inv_freq, rms_norm, rope_cos_sin, swiglu_fused
+from eaglekb.models.layers import apply_rope, attend, inv_freq, linear, rms_norm, rope_cos_sin, swiglu_fused
 
 
 def check_shapes(drafter, hidden: int, vocab: int, embed_dim: int | None = None) -> None:
@@ -61,20 +61,20 @@ def draft_layer(ids, hidden, positions, slots, mask, k_cache, v_cache, fc, embed
     own output); returns draft-vocab logits ``[B,T,Vd]`` and the output hidden ``[B,T,H]``.
     """
     if hidden.shape[-1] != wo.shape[0]:
-        hidden = F.linear(hidden, fc)
+        hidden = linear(hidden, fc)
     b, t, _ = hidden.shape
     x = torch.cat((rms_norm(F.embedding(ids, embed), ln_in, eps), rms_norm(hidden, ln_hidden, eps)), dim=-1)
     cos, sin = rope_cos_sin(positions, inv)
-    q, k, v = F.linear(x, wqkv).split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
+    q, k, v = linear(x, wqkv).split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
     q = apply_rope(q.view(b, t, n_heads, head_dim).transpose(1, 2), cos, sin, float32=True)
     k = apply_rope(k.view(b, t, n_kv, head_dim).transpose(1, 2), cos, sin, float32=True)
     write_slots(k_cache, slots, k)
     write_slots(v_cache, slots, v.view(b, t, n_kv, head_dim).transpose(1, 2))
     width = mask.shape[-1]
     att = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
-    h = hidden + F.linear(att.transpose(1, 2).reshape(b, t, -1), wo)
+    h = hidden + linear(att.transpose(1, 2).reshape(b, t, -1), wo)
     out = h + swiglu_fused(rms_norm(h, ln_post, eps), wgu, wdown)
-    return F.linear(rms_norm(out, norm, eps), lm_head), out
+    return linear(rms_norm(out, norm, eps), lm_head), out
 
 
 class DraftModel:

@@ -34,6 +34,7 @@ from eaglekb.engine.fused import FusedChain, FusedTree
 from eaglekb.engine.kv import causal_rows, mask_width, tree_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.timing import PhaseTimer
+from eaglekb.models.layers import CPU_FEW_ROWS
 from eaglekb.io.errors import BadInput
 
 
@@ -168,15 +169,15 @@ class Engine:
     def pad_rows(self, n: int) -> int:
         """Query rows to run for ``n`` tokens.
 
-        CPU: 2-3 rows take a slow GEMM path in MKL/oneDNN (1.8-2.5x a 1-row step on smollm2,
-        far worse on a loaded machine) while 4 or 8 rows cost about one row's weight traffic,
-        so multi-token steps are padded to a multiple of 4. CUDA graphs: every row count is a
+        CPU: up to 7 rows run as they are (``eaglekb.models.layers.linear`` streams the weights
+        faster for 2-5 rows than for one; 6-7 still beat 8), and one row runs as two
+        (``decode_one``); more are padded to a multiple of 4. CUDA graphs: every row count is a
         captured graph and, compiled, an inductor compile, so counts are rounded up to one of
         ``ROW_BUCKETS`` (a few extra rows cost nothing on a launch-bound GPU step)."""
+        if self.device.type == "cpu":
+            return 2 if n == 1 else n if n <= CPU_FEW_ROWS[1] else -(-n // 4) * 4
         if n < 2:
             return n
-        if self.device.type == "cpu":
-            return -(-n // 4) * 4
         if self.graphs:
             return next((b for b in ROW_BUCKETS if b >= n), n)
         return n
@@ -224,8 +225,15 @@ class Engine:
         return self.target(ids, ar, ar, mask, self.tkv, last_only=True)
 
     def decode_one(self, token: int, pos: int):
-        """Target over one token at ``pos`` (static shapes: graphable)."""
+        """Target over one token at ``pos`` (static shapes: graphable). On the CPU as two rows (``pad_rows``): the
+        token again at slot ``pos + 1``, seeing the prefix and itself; the next step overwrites that slot."""
         dev = self.device
+        if self.pad_rows(1) == 2 and pos + 2 <= self.max_len:
+            logits, aux = self._target_step(torch.tensor([[token, token]], device=dev),
+                                            torch.tensor([pos, pos], device=dev),
+                                            torch.tensor([pos, pos + 1], device=dev),
+                                            tree_rows(pos, [-1, -1], self._width(pos + 2), dev))
+            return logits[:, :1], aux[:, :1]
         mask = causal_rows(pos, 1, self._width(pos + 1), dev)
         return self._target_step(torch.tensor([[token]], device=dev), torch.tensor([pos], device=dev),
                                  torch.tensor([pos], device=dev), mask)

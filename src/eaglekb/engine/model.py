@@ -32,7 +32,8 @@ from torch.nn import functional as F
 
 from eaglekb.engine.kv import StaticKV, write_slots
 from eaglekb.io.errors import Incompatible
-from eaglekb.models.layers import apply_rope, attend, group_mask, rms_norm, rope_tables, rope_theta, swiglu_fused
+from eaglekb.models.layers import (apply_rope, attend, group_mask, linear, rms_norm, rope_tables, rope_theta,
+                                   swiglu_fused)
 
 SUPPORTED = ("llama", "qwen2")
 
@@ -79,7 +80,7 @@ def decoder_layer(x, cos, sin, wqkv, bqkv, wo, ln1, ln2, wgu, wdown, k_cache, v_
     """
     b, t, _ = x.shape
     h = rms_norm(x, ln1, eps)
-    q, k, v = F.linear(h, wqkv, bqkv).split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
+    q, k, v = linear(h, wqkv, bqkv).split((n_heads * head_dim, n_kv * head_dim, n_kv * head_dim), dim=-1)
     q = apply_rope(q.view(b, t, n_heads, head_dim).transpose(1, 2), cos, sin)
     k = apply_rope(k.view(b, t, n_kv, head_dim).transpose(1, 2), cos, sin)
     v = v.view(b, t, n_kv, head_dim).transpose(1, 2)
@@ -87,7 +88,7 @@ def decoder_layer(x, cos, sin, wqkv, bqkv, wo, ln1, ln2, wgu, wdown, k_cache, v_
     write_slots(v_cache, slots, v)
     width = mask.shape[-1]
     out = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask, grouped=True)
-    x = x + F.linear(out.transpose(1, 2).reshape(b, t, n_heads * head_dim), wo)
+    x = x + linear(out.transpose(1, 2).reshape(b, t, n_heads * head_dim), wo)
     return x + swiglu_fused(rms_norm(x, ln2, eps), wgu, wdown)
 
 
@@ -173,7 +174,7 @@ class TargetModel:
         return (cos[:, None], sin[:, None]) if positions.dim() == 2 else (cos, sin)
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(x, self.norm_weight, self.eps), self.lm_head)
+        return linear(rms_norm(x, self.norm_weight, self.eps), self.lm_head)
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
