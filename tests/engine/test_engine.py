@@ -48,6 +48,42 @@ def test_engine_greedy_matches_hf_generate(kind):
     assert Engine(tm).generate(prompt, 24).tokens == ref[0, len(prompt):].tolist()
 
 
+@pytest.mark.parametrize("rows", range(1, 10))
+def test_cpu_few_rows_linear_is_the_same_product(rows):
+    """layers.linear (w @ x.T for 2-7 rows on the CPU) equals F.linear, with and without a bias, 2-D and 3-D."""
+    from torch.nn import functional as F
+
+    from eaglekb.models.layers import linear
+
+    g = torch.Generator().manual_seed(rows)
+    w, b = torch.randn(48, 16, generator=g), torch.randn(48, generator=g)
+    for x in (torch.randn(rows, 16, generator=g), torch.randn(1, rows, 16, generator=g)):
+        for bias in (None, b):
+            y = linear(x, w, bias)
+            assert y.shape == (*x.shape[:-1], 48) and y.is_contiguous()
+            torch.testing.assert_close(y, F.linear(x, w, bias), atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_decode_as_two_rows_equals_one_row():
+    """Plain decode runs two rows on the CPU (the token again at the next slot): the same logits and aux as one
+    row, and the next step, which overwrites that slot, is unaffected."""
+    cfg, hf, tm = build("qwen2")
+    eng = Engine(tm)
+    assert eng.pad_rows(1) == 2 and [eng.pad_rows(n) for n in (2, 5, 7, 8, 9)] == [2, 5, 7, 8, 12]
+    prompt = list(range(3, 14))
+    n = len(prompt)
+    eng.prefill(torch.tensor([prompt]))
+    two = [eng.decode_one(20, n), eng.decode_one(21, n + 1)]
+    ref = Engine(tm)
+    ref.prefill(torch.tensor([prompt]))
+    ref.pad_rows = lambda k: k  # one row, as on a GPU
+    one = [ref.decode_one(20, n), ref.decode_one(21, n + 1)]
+    for (l2, a2), (l1, a1) in zip(two, one):
+        assert l2.shape == l1.shape == (1, 1, VOCAB) and a2.shape == a1.shape
+        torch.testing.assert_close(l2, l1, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a2, a1, atol=1e-5, rtol=1e-5)
+
+
 SPECS = [SpecConfig(steps=1), SpecConfig(steps=3), SpecConfig(steps=6), SpecConfig(steps=3, topk=2),
          SpecConfig(steps=4, topk=3, draft_tokens=8)]
 

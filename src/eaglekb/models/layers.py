@@ -87,8 +87,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu" or not CPU_FEW_ROWS[0] <= rows <= CPU_FEW_ROWS[1]:
         return F.linear(x, w, b)
-    y = (w @ x.reshape(rows, x.shape[-1]).t()).t()
-    y = y + b if b is not None else y.contiguous()
+    y = (w @ x.reshape(rows, x.shape[-1]).t()).t().contiguous()
+    y = y + b if b is not None else y
     return y.view(*x.shape[:-1], w.shape[0])
 
 
