@@ -64,24 +64,29 @@ def test_cpu_few_rows_linear_is_the_same_product(rows):
             torch.testing.assert_close(y, F.linear(x, w, bias), atol=1e-5, rtol=1e-5)
 
 
-def test_cpu_decode_as_two_rows_equals_one_row():
-    """Plain decode runs two rows on the CPU (the token again at the next slot): the same logits and aux as one
-    row, and the next step, which overwrites that slot, is unaffected."""
+def test_cpu_steps_through_the_few_rows_product_equal_f_linear(monkeypatch):
+    """On the CPU a decode step (one row, as two identical columns) and a verify of up to 7 rows run unpadded
+    through layers.linear: the same logits and aux as through F.linear."""
+    from eaglekb.models import layers
+
     cfg, hf, tm = build("qwen2")
-    eng = Engine(tm)
-    assert eng.pad_rows(1) == 2 and [eng.pad_rows(n) for n in (2, 5, 7, 8, 9)] == [2, 5, 7, 8, 12]
+    assert [Engine(tm).pad_rows(n) for n in (1, 2, 5, 7, 8, 9)] == [1, 2, 5, 7, 8, 12]
     prompt = list(range(3, 14))
     n = len(prompt)
-    eng.prefill(torch.tensor([prompt]))
-    two = [eng.decode_one(20, n), eng.decode_one(21, n + 1)]
-    ref = Engine(tm)
-    ref.prefill(torch.tensor([prompt]))
-    ref.pad_rows = lambda k: k  # one row, as on a GPU
-    one = [ref.decode_one(20, n), ref.decode_one(21, n + 1)]
-    for (l2, a2), (l1, a1) in zip(two, one):
-        assert l2.shape == l1.shape == (1, 1, VOCAB) and a2.shape == a1.shape
-        torch.testing.assert_close(l2, l1, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(a2, a1, atol=1e-5, rtol=1e-5)
+
+    def steps():
+        eng = Engine(tm)
+        eng.prefill(torch.tensor([prompt]))
+        ar = torch.arange(n, n + 5)
+        return [eng.decode_one(20, n), eng.decode_one(21, n + 1),
+                tm(torch.tensor([[22, 23, 24, 25, 26]]), ar, ar, causal_rows(n, 5, n + 5, "cpu"), eng.tkv)]
+
+    fast = steps()
+    monkeypatch.setattr(layers, "CPU_FEW_ROWS", (99, 0))  # every product through F.linear
+    for (lf, af), (lr, ar_) in zip(fast, steps()):
+        assert lf.shape == lr.shape and af.shape == ar_.shape
+        torch.testing.assert_close(lf, lr, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(af, ar_, atol=1e-5, rtol=1e-5)
 
 
 SPECS = [SpecConfig(steps=1), SpecConfig(steps=3), SpecConfig(steps=6), SpecConfig(steps=3, topk=2),

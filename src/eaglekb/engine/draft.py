@@ -192,14 +192,12 @@ class Drafting:
                 break
             slot = scratch + s - 1
             width = self._width(slot + 1)
-            rows = 2 if dev.type == "cpu" else 1  # the CPU runs a row twice faster as two (layers.linear): the
-            # same token at the same slot twice (identical K/V), row 0 read
-            mask = torch.zeros(rows, width, dtype=torch.bool, device=dev)
-            mask[:, :slot + 1] = True
-            out_logits, out_hidden = self.step(tok.view(1, 1).expand(1, rows), hidden.view(1, 1, -1).expand(1, rows, -1),
-                                               torch.tensor([root_pos + s] * rows, device=dev),
-                                               torch.tensor([slot] * rows, device=dev), mask)
-            logits, hidden = out_logits[0, 0], out_hidden[0, 0]
+            mask = torch.zeros(1, width, dtype=torch.bool, device=dev)
+            mask[0, :slot + 1] = True
+            out_logits, out_hidden = self.step(tok.view(1, 1), hidden.view(1, 1, -1),
+                                               torch.tensor([root_pos + s], device=dev),
+                                               torch.tensor([slot], device=dev), mask)
+            logits, hidden = out_logits[0, -1], out_hidden[0, -1]
         pairs = torch.stack(tok_tensors).tolist()  # one sync for the whole chain
         for i, (did, tok) in enumerate(pairs):
             tree.tokens.append(tok)

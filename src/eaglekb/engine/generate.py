@@ -170,14 +170,14 @@ class Engine:
         """Query rows to run for ``n`` tokens.
 
         CPU: up to 7 rows run as they are (``eaglekb.models.layers.linear`` streams the weights
-        faster for 2-5 rows than for one; 6-7 still beat 8), and one row runs as two
-        (``decode_one``); more are padded to a multiple of 4. CUDA graphs: every row count is a
-        captured graph and, compiled, an inductor compile, so counts are rounded up to one of
-        ``ROW_BUCKETS`` (a few extra rows cost nothing on a launch-bound GPU step)."""
-        if self.device.type == "cpu":
-            return 2 if n == 1 else n if n <= CPU_FEW_ROWS[1] else -(-n // 4) * 4
+        faster for 2-5 rows than through ``F.linear``; 6-7 still beat 8); more are padded to a
+        multiple of 4. CUDA graphs: every row count is a captured graph and, compiled, an inductor
+        compile, so counts are rounded up to one of ``ROW_BUCKETS`` (a few extra rows cost nothing
+        on a launch-bound GPU step)."""
         if n < 2:
             return n
+        if self.device.type == "cpu":
+            return n if n <= CPU_FEW_ROWS[1] else -(-n // 4) * 4
         if self.graphs:
             return next((b for b in ROW_BUCKETS if b >= n), n)
         return n
@@ -225,15 +225,8 @@ class Engine:
         return self.target(ids, ar, ar, mask, self.tkv, last_only=True)
 
     def decode_one(self, token: int, pos: int):
-        """Target over one token at ``pos`` (static shapes: graphable). On the CPU as two rows (``pad_rows``): the
-        token again at slot ``pos + 1``, seeing the prefix and itself; the next step overwrites that slot."""
+        """Target over one token at ``pos`` (static shapes: graphable)."""
         dev = self.device
-        if self.pad_rows(1) == 2 and pos + 2 <= self.max_len:
-            logits, aux = self._target_step(torch.tensor([[token, token]], device=dev),
-                                            torch.tensor([pos, pos], device=dev),
-                                            torch.tensor([pos, pos + 1], device=dev),
-                                            tree_rows(pos, [-1, -1], self._width(pos + 2), dev))
-            return logits[:, :1], aux[:, :1]
         mask = causal_rows(pos, 1, self._width(pos + 1), dev)
         return self._target_step(torch.tensor([[token]], device=dev), torch.tensor([pos], device=dev),
                                  torch.tensor([pos], device=dev), mask)

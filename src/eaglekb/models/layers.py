@@ -75,19 +75,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
-#: Rows (tokens in a step) for which the CPU runs ``w @ x.T`` instead of ``x @ w.T``: 2 to 7 rows. On the 2-core
+#: Rows (tokens in a step) for which the CPU runs ``w @ x.T`` instead of ``x @ w.T``: 1 to 7 rows. On the 2-core
 #: CPU the BLAS behind ``F.linear`` takes a slow path for a handful of rows (a decoder's weights at 2 to 5 rows
-#: stream at about half the rate of one row), while the transposed product streams them faster than one row does
-#: (docs/reference/engine.md, "Few rows on the CPU"). One row, many rows and every GPU: ``F.linear``.
-CPU_FEW_ROWS = (2, 7)
+#: stream at about half the rate of one row), while the transposed product streams them faster for 2 to 5 rows
+#: than one row does, so one row runs as two identical columns (docs/reference/engine.md, "Few rows on the
+#: CPU"). Many rows and every GPU: ``F.linear``.
+CPU_FEW_ROWS = (1, 7)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``; for 2-7 rows on the CPU the same product as ``(w @ x.T).T`` (the faster kernel)."""
+    """``F.linear(x, w, b)``; for 1-7 rows on the CPU the same product as ``(w @ x.T).T`` (the faster kernel; one
+    row as two identical columns, the first kept)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu" or not CPU_FEW_ROWS[0] <= rows <= CPU_FEW_ROWS[1]:
         return F.linear(x, w, b)
-    y = (w @ x.reshape(rows, x.shape[-1]).t()).t().contiguous()
+    cols = x.reshape(rows, x.shape[-1])
+    if rows == 1:
+        cols = cols.expand(2, -1).contiguous()  # a stride-0 copy takes the slow path too
+    y = (w @ cols.t())[:, :rows].t().contiguous()
     y = y + b if b is not None else y
     return y.view(*x.shape[:-1], w.shape[0])
 
