@@ -80,6 +80,8 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         "save_every": "checkpoint every N steps (0: at the end)",
         "resume": "continue from the newest checkpoint in --out",
         "stop_after": "stop after N optimiser steps of this run (a checkpoint is kept; --resume continues)",
+        "time_budget_s": "start no optimiser step after S seconds of this run's steps (a checkpoint is kept; "
+                         "--resume continues): a run that must end before its machine does",
         "min_lr_frac": "the cosine decays to lr x this (default 0)",
         "nproc": "processes through torchrun (one per GPU; gloo on CPU)",
         "device": "auto, cpu or cuda",
@@ -105,7 +107,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
              eval_every=0, save_every=0, resume=False, nproc=1, device="auto", online_target=None, json=False,
              record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0, batching="random",
              amp="bfloat16", compile="auto", loss_chunk=4096, profile=False, resume_from=None, pieces_out=None,
-             piece_mib=16.0, new_data=False):
+             piece_mib=16.0, new_data=False, time_budget_s=None):
     """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length."""
     with cli_errors():
         from pathlib import Path
@@ -134,6 +136,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
             grad_clip=float(grad_clip), seed=int(seed), val_data=val_data, val_fraction=float(val_fraction),
             eval_every=int(eval_every), save_every=int(save_every), resume=bool(resume), device=device,
             online_target=online_target, stop_after=int(stop_after) if stop_after else None,
+            time_budget_s=float(time_budget_s) if time_budget_s else None,
             min_lr_frac=float(min_lr_frac), amp=str(amp), compile=str(compile), loss_chunk=int(loss_chunk),
             profile=bool(profile), resume_from=resume_from, pieces_out=pieces_out, piece_mib=float(piece_mib),
             new_data=bool(new_data))
@@ -142,7 +145,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
         else:
             report = training.train(cfg, progress=not json, log=None if json else print)
         fields = training.baseline_fields(report)
-        config = {k: v for k, v in report["config"].items() if k not in ("stop_after",)}
+        config = {k: v for k, v in report["config"].items() if k not in ("stop_after", "time_budget_s")}
         config.update(nproc=int(nproc), device=report["device"], threads=threads)
         doc = {"out": cfg.out, "drafter": None if report.get("stopped_early") else str(Path(cfg.out) / "drafter"),
                "step": report["step"], "val": report["val"], "mapping": report["mapping"],
@@ -153,7 +156,8 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
     text = training.render_text(report)
     if report.get("stopped_early"):  # no drafter folder yet: say where the run stands and how it goes on
         text = text.rsplit("\ndrafter: ", 1)[0] + (
-            f"\nstopped after {report['step']} of {report['total_steps']} steps (--stop-after): no drafter yet; "
+            f"\nstopped after {report['step']} of {report['total_steps']} steps (--stop-after or --time-budget-s): "
+            "no drafter yet; "
             f"the checkpoint is in {cfg.out}/checkpoints; continue with the same options and --resume")
     if "recorded" in doc:
         text += f"\nrecorded {doc['baseline_id']} -> {doc['recorded']}"

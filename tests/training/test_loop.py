@@ -52,6 +52,18 @@ def test_resume_after_interruption_continues_identically(data, tmp_path, batchin
     assert resumed["val"]["loss"] == pytest.approx(whole["val"]["loss"], abs=1e-6)
 
 
+def test_a_time_budget_stops_between_steps_and_resume_goes_on(data, tmp_path):
+    whole = train(cfg_for(data, tmp_path / "whole"), progress=False)
+    cut = train(cfg_for(data, tmp_path / "cut", time_budget_s=1e-9), progress=False)  # spent after one step
+    assert cut["stopped_early"] and cut["step"] == 1
+    assert not (tmp_path / "cut" / "drafter").exists() and list((tmp_path / "cut" / "checkpoints").iterdir())
+    resumed = train(cfg_for(data, tmp_path / "cut", resume=True), progress=False)
+    assert resumed["step"] == 6 and not resumed["stopped_early"]
+    assert resumed["val"]["loss"] == pytest.approx(whole["val"]["loss"], abs=1e-6)
+    with pytest.raises(BadInput, match="time budget"):
+        train(cfg_for(data, tmp_path / "bad", time_budget_s=0.0), progress=False)
+
+
 def test_bad_inputs_are_one_line_and_write_nothing(data, tmp_path):
     train(cfg_for(data, tmp_path / "run", steps=2), progress=False)
     ckpts = sorted((tmp_path / "run" / "checkpoints").iterdir())

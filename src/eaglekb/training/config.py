@@ -70,6 +70,7 @@ class TrainConfig:
     pieces_out: str | None = None  # write the last checkpoint there in pieces of piece_mib (machines that go away)
     piece_mib: float = 16.0  # the largest piece of --pieces-out, MiB
     stop_after: int | None = None  # stop after this many steps of this process (tests, interruptions)
+    time_budget_s: float | None = None  # start no step after this many seconds of this process's steps (lent machines)
 
     FINGERPRINT = ("val_data", "val_fraction", "max_val_sequences", "draft_vocab_size", "intermediate_size",
                    "ttt_steps", "step_weight", "positions", "batch_size", "batching", "max_len", "steps", "epochs", "lr",
@@ -109,5 +110,8 @@ class TrainConfig:
         if not self.piece_mib > 0:
             raise BadInput("piece size out of range", where="--piece-mib", expected="> 0 (MiB)",
                            found=str(self.piece_mib))
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise BadInput("time budget out of range", where="--time-budget-s", expected="> 0 (seconds)",
+                           found=str(self.time_budget_s))
         if self.lr <= 0:
             raise BadInput("option out of range", where="lr", expected="> 0", found=str(self.lr))

@@ -329,6 +329,19 @@ def _compile_first(run: Run, items: list[int]) -> None:
                          "instead")
 
 
+def _over_budget(cfg: TrainConfig, began: float, device: torch.device) -> bool:
+    """``--time-budget-s`` spent (checked from the second step of a run, so a run always moves; every process
+    stops at the same step: the first process's clock decides)."""
+    if cfg.time_budget_s is None:
+        return False
+    over = time.monotonic() - began >= cfg.time_budget_s
+    if dist_info()[1] > 1:  # one process reads no device value here: no sync a step
+        flag = torch.tensor([float(over)], device=device)
+        torch.distributed.broadcast(flag, 0)
+        over = bool(flag.item())
+    return over
+
+
 def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> None:
     """The optimiser steps from ``p.start``, with log points, validation and checkpoints between them."""
     from tqdm import tqdm
@@ -343,8 +356,10 @@ def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> No
     prof = StepProfile(run.device, cfg.profile)
     bar = tqdm(total=run.total_steps, initial=p.start, desc="finetune", disable=not progress or rank != 0,
                dynamic_ncols=True, mininterval=2.0)
+    began = time.monotonic()
     for step in range(p.start, run.total_steps):
-        if cfg.stop_after is not None and step - p.start >= cfg.stop_after:
+        if (cfg.stop_after is not None and step - p.start >= cfg.stop_after
+                or step > p.start and _over_budget(cfg, began, run.device)):
             p.stopped = True
             break
         timer = prof.timer()
