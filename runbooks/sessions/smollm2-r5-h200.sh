@@ -71,8 +71,9 @@ case "$stage" in
     for arm in ${ARMS:-before after b128}; do
       case $arm in before) o=(--compile off --loss-chunk 0 --batch-size 64);; after) o=(--batch-size 64);;
                    b128) o=(--batch-size 128);; esac
-      [ "$(left)" -gt 100 ] || { echo "tput $arm skipped: $(left) s left"; continue; }
-      timeout 150 invoke finetune --data $DATA "${SHAPE[@]}" "${o[@]}" --steps ${TPUT_STEPS:-40} --val-fraction 0 \
+      [ -f baselines/finetune/h200-throughput-r5-$arm.json ] && { echo "tput $arm: measured already"; continue; }
+      [ "$(left)" -gt 90 ] || { echo "tput $arm skipped: $(left) s left"; continue; }
+      timeout $(( $(left) < 150 ? $(left) : 150 )) invoke finetune --data $DATA "${SHAPE[@]}" "${o[@]}" --steps ${TPUT_STEPS:-40} --val-fraction 0 \
         --profile --out .eaglekb/runs/tput-$arm --record h200-throughput-r5-$arm > "$LOGS/tput-$arm.log" 2>&1 \
         || echo "tput $arm FAILED"
       python3 -c "import json; d = json.load(open('baselines/finetune/h200-throughput-r5-$arm.json'))['metrics']; \
@@ -83,10 +84,15 @@ p = d['profile']; print('$arm', round(d['throughput']['train_tok_s']), 'tok/s', 
     # the schedule, fixed in session 1 (part of the fingerprint): the faster of batch 64 and 128, 10x the r4 run's
     # 142,144 sequence passes, or what 0.9 x its measured rate fits in 1,500 s (three sessions' training)
     if [ -z "${STEPS:-}" ]; then read -r STEPS B < <(python3 -c "import json
-r = {b: json.load(open(f'baselines/finetune/h200-throughput-r5-{a}.json'))['metrics'] for a, b in (('after', 64), ('b128', 128))}
-b = max(r, key=lambda b: r[b]['throughput']['train_tok_s'])
-print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) // 10 * 10), b)"); fi
+from pathlib import Path
+r = {b: json.loads(f.read_text())['metrics'] for a, b in (('after', 64), ('b128', 128))
+     if (f := Path(f'baselines/finetune/h200-throughput-r5-{a}.json')).is_file()}
+b = max(r, key=lambda b: r[b]['throughput']['train_tok_s']) if r else 64
+print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) // 10 * 10) if r else 22210, b)"); fi
     B=${B:-${BATCH:-64}}
+    # TRAIN_S, or what the lease leaves: LEASE_LEFT (device seconds left when this call began, at CALL_T0) less
+    # this call so far, 100 s of setup (mapping, compile) and the RESERVE the calls after the training need
+    [ -n "${TRAIN_S:-}" ] || TRAIN_S=$(( ${LEASE_LEFT:?TRAIN_S or LEASE_LEFT} - ($(date +%s) - ${CALL_T0:?}) - 100 - ${RESERVE:-400} ))
     res=(); [ "$S" != 1 ] && res=(--resume-from $PIN --new-data)
     echo "$STEPS $B" > .eaglekb/r5-schedule; echo "schedule: $STEPS steps of $B, ${TRAIN_S:?TRAIN_S} s this session"
     setsid nohup invoke finetune --data $DATA "${SHAPE[@]}" --batch-size $B "${SCHED[@]}" --steps $STEPS \
