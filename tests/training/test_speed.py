@@ -18,7 +18,7 @@ from eaglekb.training import ttt
 from eaglekb.training.config import TrainConfig
 from eaglekb.training.loop import train
 from eaglekb.training.report import baseline_fields, render_text
-from eaglekb.training.speed import PHASES
+from eaglekb.training.speed import PHASES, StepProfile
 from eaglekb.training.ttt import TTTModel, step_norms
 from helpers.models import tiny_drafter
 from helpers.training import cfg_for
@@ -202,3 +202,29 @@ def test_one_compile_serves_every_batch_length(monkeypatch):
         _run(model, batch)
     assert model.compiled and model.compile_error is None
     assert counter.frame_count == 1
+
+
+class _Timed:
+    """A finished step's phase seconds, as ``PhaseTimer`` gives them."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def stop(self):
+        pass
+
+    def totals(self):
+        return {"unroll": self.seconds, "backward": self.seconds / 2}
+
+
+def test_profile_leaves_out_compile_stalls_and_counts_them():
+    prof = StepProfile(torch.device("cpu"), True)
+    for secs in [30.0, 0.1, 20.0, 0.1, 0.12, 0.1, 0.1, 5.0, 0.1]:  # the first step, then two stalls among steady ones
+        prof.add(_Timed(secs))
+    rep = prof.report()
+    assert rep["steps"] == 6 and rep["stalls"] == 2 and rep["stall_ms"] == pytest.approx(37500.0)
+    assert rep["ms_per_step"]["unroll"] == pytest.approx(1000 * 0.62 / 6, abs=1e-3)
+    steady = StepProfile(torch.device("cpu"), True)
+    for secs in [1.0, 0.2, 0.3, 0.25]:
+        steady.add(_Timed(secs))
+    assert steady.report()["stalls"] == 0 and steady.report()["steps"] == 3

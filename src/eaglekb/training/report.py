@@ -103,7 +103,8 @@ def baseline_fields(report: dict) -> dict:
     prof = report.get("profile")
     if prof:
         metrics["profile"] = {**{f"{k}_ms": v for k, v in prof["ms_per_step"].items()},
-                              "step_ms": round(sum(prof["ms_per_step"].values()), 3), "steps_count": prof["steps"]}
+                              "step_ms": round(sum(prof["ms_per_step"].values()), 3), "steps_count": prof["steps"],
+                              "stalls_count": prof.get("stalls", 0), "stall_ms": prof.get("stall_ms", 0.0)}
     h = report["history"]
     units = {"train_loss": "_loss", "val_loss": "_loss", "train_acc0": "_pct", "val_acc0": "_pct",
              "val_simulated_acc_len": "_len", "train_tok_s": "_tok_s"}
@@ -125,8 +126,10 @@ def render_text(report: dict) -> str:
         total = sum(prof["ms_per_step"].values())
         parts = ", ".join(f"{k} {v:.1f} ms ({100 * prof['share'][k]:.0f}%)" for k, v in prof["ms_per_step"].items()
                           if v > 0)
-        lines.append(f"where a step's time goes ({prof['timer']}, {prof['steps']} steps, {total:.1f} ms a step): "
-                     + parts)
+        stalls = (f"; {prof['stalls']} stalled steps left out ({prof['stall_ms'] / 1000:.1f} s: compiles)"
+                  if prof.get("stalls") else "")
+        lines.append(f"where a step's time goes ({prof['timer']}, {prof['steps']} steady steps, {total:.1f} ms a step"
+                     f"{stalls}): " + parts)
     val = report.get("val")
     if val:
         lines.append("val acc per step:      " + " ".join(f"{a:.3f}" for a in val["acc"]))

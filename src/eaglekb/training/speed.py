@@ -1,8 +1,9 @@
 """How fast a training step runs, and the switches that make it faster.
 
 Owns: ``PHASES`` (the parts of a step, in order), ``StepProfile`` (per-phase time of each optimiser step, CUDA
-events on a GPU and the wall clock on the CPU through ``eaglekb.engine.timing.PhaseTimer``, summed over the
-steps after the first of a process: the first pays allocator warm-up), ``autocast`` (the TTT forward's autocast:
+events on a GPU and the wall clock on the CPU through ``eaglekb.engine.timing.PhaseTimer``, averaged over the
+steady steps after the first of a process: the first pays allocator warm-up, and a step over ``STALL_X`` times
+the median is a stall, counted apart), ``autocast`` (the TTT forward's autocast:
 bfloat16 on CUDA unless ``--amp none``), ``wants_compile`` (``--compile auto`` is on with CUDA) and
 ``probe_compile`` (one forward and backward of the compiled unroll on a real batch before training, gradients
 dropped; any compiler error switches the model to the eager unroll for good and says why, so a failing compile
@@ -28,13 +29,17 @@ from eaglekb.engine.timing import PhaseTimer
 PHASES = ("data", "target", "unroll", "loss", "backward", "optimizer", "sync")
 
 
+#: A profiled step slower than this many times the median step is a stall (a compile, a recompile, a first
+#: kernel autotune): left out of the per-phase times and counted apart, so a short run reads its steady state.
+STALL_X = 3.0
+
+
 class StepProfile:
-    """Seconds per phase summed over profiled steps; ``timer()`` gives the timer of one step (or None when off)."""
+    """Seconds per phase of each profiled step; ``timer()`` gives the timer of one step (or None when off)."""
 
     def __init__(self, device: torch.device, enabled: bool):
         self.device, self.enabled = device, enabled
-        self.seconds = {p: 0.0 for p in PHASES}
-        self.steps = 0
+        self.rows: list[dict[str, float]] = []
         self._seen = 0
 
     def timer(self) -> PhaseTimer | None:
@@ -46,19 +51,22 @@ class StepProfile:
             return
         timer.stop()
         self._seen += 1
-        if self._seen == 1:
-            return
-        for phase, secs in timer.totals().items():
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + secs
-        self.steps += 1
+        if self._seen > 1:
+            self.rows.append(dict(timer.totals()))
 
     def report(self) -> dict | None:
-        """``{"steps": n, "ms_per_step": {phase: ms}, "share": {phase: fraction}}``, or None when nothing was timed."""
-        if not self.steps:
+        """``{"steps": n, "ms_per_step": {phase: ms}, "share": {phase: fraction}, "stalls": k, "stall_ms": ms}``
+        over the steady steps (stalls left out, see ``STALL_X``), or None when nothing was timed."""
+        if not self.rows:
             return None
-        ms = {p: round(1000 * s / self.steps, 3) for p, s in self.seconds.items()}
+        totals = [sum(r.values()) for r in self.rows]
+        median = sorted(totals)[len(totals) // 2]
+        steady = [r for r, t in zip(self.rows, totals) if t <= STALL_X * median]
+        stalls = [t for t in totals if t > STALL_X * median]
+        ms = {p: round(1000 * sum(r.get(p, 0.0) for r in steady) / len(steady), 3) for p in PHASES}
         total = sum(ms.values()) or 1.0
-        return {"steps": self.steps, "ms_per_step": ms, "share": {p: round(v / total, 4) for p, v in ms.items()},
+        return {"steps": len(steady), "ms_per_step": ms, "share": {p: round(v / total, 4) for p, v in ms.items()},
+                "stalls": len(stalls), "stall_ms": round(1000 * sum(stalls), 1),
                 "timer": "cuda events" if self.device.type == "cuda" else "wall clock"}
 
 

@@ -1,25 +1,29 @@
 #!/usr/bin/env bash
 # Issue 24's sessions on one lent H200, stage by stage (docs/howto/train.md section 6): one slice of the mix
-# generated, the training throughput measured before and after the switches, the r5 run trained for a time budget
-# and its checkpoint brought back in pieces, the fused tree measured. A clean export of the commit (git archive
-# COMMIT, the commit in its .commit file) is carried once into /tmp/repo; every later stage runs there, so
-# /tmp/repo/.eaglekb (the data, the run) and the background datagen and training live on while the machine
-# stays warm between calls (30 s idle, counted from the moment a call returns).
-#   bash .frozen/runbooks/sessions/smollm2-r5-h200.sh carry    # call 1: the export, .whl/, .carry/r5/c1
-#   bash /tmp/repo/runbooks/sessions/smollm2-r5-h200.sh carry  # later calls: .carry/r5/c2 .. (one a call)
+# generated, the run trained for what the lease leaves and its checkpoint brought back in pieces, probes, the
+# fused tree measured. A clean export of the commit (git archive COMMIT, the commit in its .commit file) is carried
+# once into /tmp/repo; every later stage runs there, so /tmp/repo/.eaglekb (the data, the run) and the background
+# datagen and training live on while the machine stays warm between calls (30 s idle, from the moment a call
+# returns).
+#   bash .frozen/runbooks/sessions/smollm2-h200.sh carry    # call 1: the export, .whl/, .carry/smollm2/c1
+#   bash /tmp/repo/runbooks/sessions/smollm2-h200.sh carry  # later calls: .carry/smollm2/c2 .. (one a call)
 # Stages: carry | prepare | datagen-bg | wait-datagen S | tput | train-bg | wait-train S | back 1|2|3 | bench |
 # probe | tests. DEADLINE (epoch seconds, set at the start of a call) stops the waiting stages so the call returns
 # inside its 600 s; every stage that makes something bundles it into $OUT; no reporting step fails a call.
-# Sessions 2 and 3: SLICE=2/3 (3/3), SAMPLES=0.6,0.8,1.0,1.2, DATA=.eaglekb/datasets/smollm2-r5b (r5c), S=2 (3),
-# and the checkpoint pieces of the session before carried into $PIN (stage carry copies .carry/r5/*/ckpt/* there,
-# outside the run folder, which finetune creates).
+# ID names the run and its records (a recorded name is never replaced): r5 ran on 2026-12-02, one session, its
+# schedule set from throughput arms that measured compile warm-up; r6 is the four-session run of train.md
+# section 6: S=1..4, slice S/4, greedy and three sampled responses; session 1 starts from INIT, sessions 2-4 resume
+# from the checkpoint pieces of the session before, carried in .carry/smollm2/cN/ckpt/ (stage carry copies them
+# into $PIN, outside the run folder, which finetune creates).
 set -euo pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=/tmp/site:/tmp/repo/src PATH=/tmp/site/bin:$PATH EAGLEKB_CACHE=/tmp/eaglekb-cache
 export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-DEVICE=${DEVICE:-cuda} T=smollm2-135m RUN=.eaglekb/runs/smollm2-r5 PIN=.eaglekb/r5-pieces-in LOGS=/tmp/logs REPO=/tmp/repo OUT=${OUT:-/tmp/out}
-S=${S:-1} SLICE=${SLICE:-1/3} SAMPLES=${SAMPLES:-0.7,1.0} DATA=${DATA:-.eaglekb/datasets/smollm2-r5a}
-DREC=${DREC:-smollm2-r5a-h200}
+DEVICE=${DEVICE:-cuda} ID=${ID:-r6} S=${S:-1}
+L=$(echo "$S" | tr 1-9 a-i)
+T=smollm2-135m RUN=.eaglekb/runs/smollm2-$ID PIN=.eaglekb/$ID-pieces-in LOGS=/tmp/logs REPO=/tmp/repo OUT=${OUT:-/tmp/out}
+SLICE=${SLICE:-$S/4} SAMPLES=${SAMPLES:-0.6,0.9,1.2} DATA=${DATA:-.eaglekb/datasets/smollm2-$ID$L}
+DREC=${DREC:-smollm2-$ID$L-h200}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 560 ))}
 left() { echo $(( DEADLINE - $(date +%s) )); }
 mkdir -p /tmp/carry "$LOGS" "$OUT"
@@ -29,7 +33,7 @@ MIX=(--corpus wiki-instruct:3 --corpus chitchat-multi:6 --corpus gsm8k-instruct:
      --corpus py-functions:6 --corpus wiki --corpus chitchat --corpus gsm8k --corpus gpqa --corpus aime --per-source 0)
 # the drafter shape and the schedule of every session (part of the resume fingerprint, with --steps)
 SHAPE=(--device $DEVICE --batching length --max-len 1024 --ttt-steps 4 --draft-vocab-size 12288 --intermediate-size 1536)
-SCHED=(--lr 1e-3 --min-lr-frac 0.05 --warmup-frac 0.03 --val-fraction 0.02 --seed 0)
+SCHED=(--lr ${LR:-5e-4} --min-lr-frac 0.05 --warmup-frac 0.03 --val-fraction 0.02 --seed 0)
 bundle() { (cd "$REPO" && tar -cf "$OUT/baselines-$1.tar" $(find baselines -newer .exported -name '*.json')) || true
            tar -czf "$OUT/logs-$1.tgz" -C "$LOGS" . 2>/dev/null || true; }
 quiet() { [ -f "$1" ] && tr '\r' '\n' < "$1" | grep -v '%|' || true; }  # a log without its progress bars
@@ -39,10 +43,10 @@ if [ "$stage" = carry ]; then
   if [ -d .frozen ] && [ ! -d "$REPO" ]; then cp -a .frozen "$REPO" && touch "$REPO/.exported"; fi
   if [ -d .whl ] && [ ! -d /tmp/site/invoke ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
-  cp .carry/r5/*/*.part* .carry/r5/*/*.sha256 /tmp/carry/ 2>/dev/null || true
-  if [ -f .carry/r5/c2/default-model.safetensors ]; then  # the committed default, moved aside to fit the 64 MiB
-    cp .carry/r5/c2/default-model.safetensors "$REPO/drafters/smollm2-135m-default/model.safetensors"; fi
-  if ls .carry/r5/*/ckpt/* > /dev/null 2>&1; then mkdir -p "$REPO/$PIN" && cp .carry/r5/*/ckpt/* "$REPO/$PIN/"; fi
+  cp .carry/smollm2/*/*.part* .carry/smollm2/*/*.sha256 /tmp/carry/ 2>/dev/null || true
+  if [ -f .carry/smollm2/c2/default-model.safetensors ]; then  # the committed default, moved aside to fit the 64 MiB
+    cp .carry/smollm2/c2/default-model.safetensors "$REPO/drafters/smollm2-135m-default/model.safetensors"; fi
+  if ls .carry/smollm2/*/ckpt/* > /dev/null 2>&1; then mkdir -p "$REPO/$PIN" && cp .carry/smollm2/*/ckpt/* "$REPO/$PIN/"; fi
   ls /tmp/carry | tr '\n' ' '; echo; df -h /tmp | tail -1; exit 0
 fi
 cd "$REPO"
@@ -71,51 +75,54 @@ case "$stage" in
     for arm in ${ARMS:-before after b128}; do
       case $arm in before) o=(--compile off --loss-chunk 0 --batch-size 64);; after) o=(--batch-size 64);;
                    b128) o=(--batch-size 128);; esac
-      [ -f baselines/finetune/h200-throughput-r5-$arm.json ] && { echo "tput $arm: measured already"; continue; }
+      [ -f baselines/finetune/h200-throughput-$ID-$arm.json ] && { echo "tput $arm: measured already"; continue; }
       [ "$(left)" -gt 90 ] || { echo "tput $arm skipped: $(left) s left"; continue; }
       timeout $(( $(left) < 150 ? $(left) : 150 )) invoke finetune --data $DATA "${SHAPE[@]}" "${o[@]}" --steps ${TPUT_STEPS:-40} --val-fraction 0 \
-        --profile --out .eaglekb/runs/tput-$arm --record h200-throughput-r5-$arm > "$LOGS/tput-$arm.log" 2>&1 \
+        --profile --out .eaglekb/runs/tput-$arm --record h200-throughput-$ID-$arm > "$LOGS/tput-$arm.log" 2>&1 \
         || echo "tput $arm FAILED"
-      python3 -c "import json; d = json.load(open('baselines/finetune/h200-throughput-r5-$arm.json'))['metrics']; \
+      python3 -c "import json; d = json.load(open('baselines/finetune/h200-throughput-$ID-$arm.json'))['metrics']; \
 p = d['profile']; print('$arm', round(d['throughput']['train_tok_s']), 'tok/s', \
 {k: round(v, 1) for k, v in p.items() if k.endswith('_ms')})" 2>/dev/null || tail -3 "$LOGS/tput-$arm.log"
     done; bundle tput ;;
-  train-bg)  # the r5 schedule, for TRAIN_S seconds of steps (the checkpoint packed into $RUN/pieces at the stop)
+  train-bg)  # the run's schedule, for TRAIN_S seconds of steps (the checkpoint packed into $RUN/pieces at the stop)
     # the schedule, fixed in session 1 (part of the fingerprint): the faster of batch 64 and 128, 10x the r4 run's
     # 142,144 sequence passes, or what 0.9 x its measured rate fits in 1,500 s (three sessions' training)
     if [ -z "${STEPS:-}" ]; then read -r STEPS B < <(python3 -c "import json
 from pathlib import Path
 r = {b: json.loads(f.read_text())['metrics'] for a, b in (('after', 64), ('b128', 128))
-     if (f := Path(f'baselines/finetune/h200-throughput-r5-{a}.json')).is_file()}
+     if (f := Path(f'baselines/finetune/h200-throughput-$ID-{a}.json')).is_file()}
 b = max(r, key=lambda b: r[b]['throughput']['train_tok_s']) if r else 64
 print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) // 10 * 10) if r else 22210, b)"); fi
     B=${B:-${BATCH:-64}}
     # TRAIN_S, or what the lease leaves: LEASE_LEFT (device seconds left when this call began, at CALL_T0) less
     # this call so far, 100 s of setup (mapping, compile) and the RESERVE the calls after the training need
     [ -n "${TRAIN_S:-}" ] || TRAIN_S=$(( ${LEASE_LEFT:?TRAIN_S or LEASE_LEFT} - ($(date +%s) - ${CALL_T0:?}) - 100 - ${RESERVE:-400} ))
+    # session 1 starts from INIT (a drafter folder; r6: the committed default, a warm start, F09), later ones
+    # resume from the pieces the session before brought back
     res=(); [ "$S" != 1 ] && res=(--resume-from $PIN --new-data)
-    echo "$STEPS $B" > .eaglekb/r5-schedule; echo "schedule: $STEPS steps of $B, ${TRAIN_S:?TRAIN_S} s this session"
+    [ "$S" = 1 ] && [ -n "${INIT:-}" ] && res=(--init "$INIT")
+    echo "$STEPS $B" > .eaglekb/$ID-schedule; echo "schedule: $STEPS steps of $B, ${TRAIN_S:?TRAIN_S} s this session"
     setsid nohup invoke finetune --data $DATA "${SHAPE[@]}" --batch-size $B "${SCHED[@]}" --steps $STEPS \
-      --save-every 500 --eval-every 500 --profile --out $RUN "${res[@]}" --time-budget-s $TRAIN_S \
-      --pieces-out $RUN/pieces --piece-mib 15 --record smollm2-r5-s$S > "$LOGS/train.log" 2>&1 < /dev/null &
+      --save-every ${EVERY:-1000} --eval-every ${EVERY:-1000} --profile --out $RUN "${res[@]}" --time-budget-s $TRAIN_S \
+      --pieces-out $RUN/pieces --piece-mib 15 --record smollm2-$ID-s$S > "$LOGS/train.log" 2>&1 < /dev/null &
     echo $! > /tmp/train.pid; echo "training started (pid $!)" ;;
   wait-train)
     end=$((SECONDS + ${1:-540}))
     while kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && [ $SECONDS -lt $end ] && [ "$(left)" -gt 0 ]; do sleep 3; done
     quiet "$LOGS/train.log" | tail -8; bar "$LOGS/train.log"
-    if [ -f baselines/finetune/smollm2-r5-s$S.json ]; then echo "training done"
+    if [ -f baselines/finetune/smollm2-$ID-s$S.json ]; then echo "training done"
     elif kill -0 "$(cat /tmp/train.pid)" 2>/dev/null; then echo "still training"; else echo "training STOPPED, no record"; fi ;;
   back)  # 1: a tar of the small files, the newest checkpoint's drafter in 2 pieces, state pieces 0-1; 2: 2-5; 3: the rest
     parts=($(ls $RUN/pieces/*.state.safetensors.part* 2>/dev/null | sort))
     case ${1:?1, 2 or 3} in
       1) D=$(newest); rm -rf /tmp/drafter-pieces
          python3 -c "from pathlib import Path; from eaglekb.io.pieces import split; \
-split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name='r5-s$S-drafter')"
-         cp $D/config.json /tmp/drafter-pieces/r5-s$S-drafter.config.json
-         tar -cf "$OUT/small-s$S.tar" $(find baselines -newer .exported -name '*.json') $RUN/pieces/*.json \
-           $RUN/metrics.json -C /tmp/drafter-pieces r5-s$S-drafter.pieces.json r5-s$S-drafter.config.json \
+split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name='$ID-s$S-drafter')"
+         cp $D/config.json /tmp/drafter-pieces/$ID-s$S-drafter.config.json
+         tar -cf "$OUT/small-$ID-s$S.tar" $(find baselines -newer .exported -name '*.json') $RUN/pieces/*.json \
+           $RUN/metrics.json -C /tmp/drafter-pieces $ID-s$S-drafter.pieces.json $ID-s$S-drafter.config.json \
            -C "$LOGS" . 2>/dev/null || true
-         cp /tmp/drafter-pieces/r5-s$S-drafter.part* "$OUT"/; sel=("${parts[@]:0:2}") ;;
+         cp /tmp/drafter-pieces/$ID-s$S-drafter.part* "$OUT"/; sel=("${parts[@]:0:2}") ;;
       2) sel=("${parts[@]:2:4}") ;;
       3) sel=("${parts[@]:6}"); [ ${#sel[@]} -le 4 ] || echo "MORE THAN 4 PIECES LEFT: ${#sel[@]}" ;;
     esac
@@ -132,7 +139,7 @@ split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name=
     for p in ${SETS:-gsm8k-eval}; do
       [ "$(left)" -gt 50 ] || { echo "probe $p skipped: $(left) s left"; continue; }
       timeout $(( $(left) < 150 ? $(left) : 150 )) invoke probe --device cuda --dtype bfloat16 --num-prompts 8 \
-        --max-new-tokens 128 --prompts $p --drafter $D --record h200-smollm2-r5-s$S-$p > "$LOGS/probe-$p.log" 2>&1 \
+        --max-new-tokens 128 --prompts $p --drafter $D --record h200-smollm2-$ID-s$S-$p > "$LOGS/probe-$p.log" 2>&1 \
         || echo "probe $p FAILED"; quiet "$LOGS/probe-$p.log" | tail -4; done; bundle probe ;;
   tests)  # the CUDA tests on tiny models
     timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
