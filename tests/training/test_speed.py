@@ -204,6 +204,24 @@ def test_one_compile_serves_every_batch_length(monkeypatch):
     assert counter.frame_count == 1
 
 
+def test_validation_runs_the_eager_unroll_and_compiles_nothing(monkeypatch):
+    """Without gradients (validation) the unroll runs eager: a graph without autograd would be a second compile."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(ttt, "COMPILE_BACKEND", counter)
+    model = _model(4096)
+    model.compile_unroll()
+    batch = _batch(True)
+    _run(model, batch)
+    with torch.no_grad():
+        hiddens = model.hiddens(batch["input_ids"], batch["aux_hidden"])
+        eager = model._unroll(batch["input_ids"], batch["aux_hidden"])
+    assert counter.frame_count == 1 and model.compiled
+    for a, b in zip(hiddens, eager):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 class _Timed:
     """A finished step's phase seconds, as ``PhaseTimer`` gives them."""
 

@@ -150,8 +150,10 @@ class TTTModel(nn.Module):
         return self._compiled is not None
 
     def hiddens(self, input_ids, aux_hidden) -> list[torch.Tensor]:
-        """Each TTT step's pre-norm output hidden ``[K][B,T,H]``: compiled when on, eager after a compile error."""
-        if self._compiled is not None:
+        """Each TTT step's pre-norm output hidden ``[K][B,T,H]``: compiled when on and training, eager after a
+        compile error and without gradients (validation: a graph without autograd would be a second compile, 44 s
+        at the first validation of an H200 run, for a few eager batches)."""
+        if self._compiled is not None and torch.is_grad_enabled():
             if input_ids.shape[1] > 1:  # one graph for every batch length: no second compile at the second length
                 torch._dynamo.mark_dynamic(input_ids, 1)
                 torch._dynamo.mark_dynamic(aux_hidden, 1)
