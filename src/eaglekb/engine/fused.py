@@ -4,11 +4,12 @@ Owns ``FusedChain`` (topk 1) and ``FusedTree`` (topk > 1): at temperature 0 one 
 is two device programs, each a single CUDA-graph replay when the engine is graphed:
 
 * ``draft``: the drafter over the newly verified positions (accepted tokens + bonus,
-  padded to a fixed row count), then the chain or tree steps; positions, slots and
-  masks are computed on the device from ``start`` and ``n`` (comparisons against
-  cached ``arange`` tensors), so nothing is copied from the host per step. It returns
-  the verify input (``[root] + nodes (+ padding)``, and for a tree each row's depth
-  and parent row) and the verify base slot.
+  padded to a fixed row count), then the chain or tree steps; the host's one copy in
+  holds those positions and ids, the root's row among them and the verify base slot;
+  the steps' positions, slots and masks are computed on the device from that base
+  (comparisons against cached ``arange`` tensors), so nothing is copied from the host
+  per step. It returns the verify input (``[root] + nodes (+ padding)``, and for a
+  tree each row's depth and parent row) and the verify base slot.
 * ``verify``: the target over those rows with the tree mask, the target's argmax per
   row and the greedy walk from the root (at each node the child holding the target's
   argmax), packed with the accepted tokens into one tensor that the host reads once
@@ -27,7 +28,10 @@ the ``topk`` best (a stable sort: ties go to the earlier candidate, as Python's
 ``sorted`` does), and the ``draft_tokens - 1`` best candidates kept in score order.
 A child's score never exceeds its parent's and ties put the parent first, so the
 best candidates always include their ancestors and come in topological order, the
-ancestor check of ``draft._select`` holds by construction.
+ancestor check of ``draft._select`` holds by construction. The bookkeeping is tables
+fixed per shape: a frontier row's mask is its parent's plus its own slot, and each
+verify row is an entry (the root, a kept candidate, a padding row) whose token, depth
+and parent row are gathered from per-entry tables.
 
 The host work per cycle is one small pinned copy in, two replays, one read out.
 Tokens are exactly those of ``Engine._cycle`` (the unfused path: sampling, the first
@@ -54,8 +58,8 @@ class _Fused:
         self.tcols = torch.arange(engine.max_len, device=dev)
         self.ar = torch.arange(max(self.rows, vrows, width) + 1, device=dev)
         pinned = dev.type == "cuda"
-        self.host = torch.zeros(2 + self.rows, dtype=torch.long, pin_memory=pinned)
-        self.meta = torch.zeros(2 + self.rows, dtype=torch.long, device=dev)
+        self.host = torch.zeros(2 + 2 * self.rows, dtype=torch.long, pin_memory=pinned)
+        self.meta = torch.zeros(2 + 2 * self.rows, dtype=torch.long, device=dev)
         self.draft = Graphed(self._draft, enabled=engine.graphs)
         self.verify = Graphed(self._verify, enabled=engine.graphs)
 
@@ -64,15 +68,13 @@ class _Fused:
         return self.draft.capture_s + self.verify.capture_s
 
     def _extend(self, meta: torch.Tensor, aux: torch.Tensor):
-        """The drafter over ``meta = [start, n, ids...]`` with ``aux [rows, 3H]``: the root row's logits
-        ``[1, Vd]`` and hidden ``[1, H]``, the root token ``[1]`` and the verify base slot ``[1]``."""
-        eng = self.eng
-        start, n, ids = meta[0:1], meta[1:2], meta[2:]
-        pos = start + self.ar[:self.rows]
+        """The drafter over ``meta = [n - 1, start + n, positions..., ids...]`` with ``aux [rows, 3H]``: the root
+        row's logits ``[1, Vd]`` and hidden ``[1, H]``, the root token ``[1]`` and the verify base slot ``[1]``."""
+        eng, rows = self.eng, self.rows
+        last, base, pos, ids = meta[0:1], meta[1:2], meta[2:2 + rows], meta[2 + rows:]
         logits, hidden = eng.drafter(ids[None], aux[None], pos, pos, self.dcols[None] <= pos[:, None], eng.dkv,
                                      compiled=eng.compiled)
-        last = n - 1
-        return logits[0].index_select(0, last), hidden[0].index_select(0, last), ids.index_select(0, last), start + n
+        return logits[0].index_select(0, last), hidden[0].index_select(0, last), ids.index_select(0, last), base
 
     def _draft(self, meta, aux):  # pragma: no cover - overridden
         raise NotImplementedError
@@ -87,7 +89,8 @@ class _Fused:
         toks = seq[start + 1:m]
         n = len(toks)
         timer.mark("draft")
-        self.host.numpy()[:] = [start, n, *toks, *toks[-1:] * (rows - n)]  # the last cycle's read synchronised
+        # safe to overwrite: the last cycle's read synchronised
+        self.host.numpy()[:] = [n - 1, start + n, *range(start, start + rows), *toks, *toks[-1:] * (rows - n)]
         self.meta.copy_(self.host, non_blocking=True)
         if pending.shape[0] < rows:  # after the unfused first cycle (k + 1 <= rows aux rows): pad to the fixed rows
             pending = torch.cat([pending, pending[-1:].expand(rows - pending.shape[0], -1)])
@@ -113,7 +116,7 @@ class FusedChain(_Fused):
         super().__init__(engine, steps, engine.pad_rows(max(steps + 1, 2)))
 
     def _draft(self, meta: torch.Tensor, aux: torch.Tensor):
-        """``meta = [start, n, ids...]`` (ids padded to ``rows``), ``aux [rows, 3H]`` -> (verify ids, base slot)."""
+        """``meta`` (see ``_extend``; ids padded to ``rows``), ``aux [rows, 3H]`` -> (verify ids, base slot)."""
         eng = self.eng
         dm, kv, c = eng.drafter, eng.dkv, eng.compiled
         lg, h, root, base = self._extend(meta, aux)  # drafts of step s sit at base + s - 1 in the drafter
@@ -144,62 +147,65 @@ class FusedTree(_Fused):
 
     def __init__(self, engine, steps: int, topk: int, draft_tokens: int):
         super().__init__(engine, steps, engine.pad_rows(draft_tokens), width=topk)
-        dev = engine.device
+        dev, k, dm = engine.device, topk, engine.drafter
         self.topk, self.nodes = topk, draft_tokens - 1
         self.walk = min(steps, self.nodes)  # the deepest acceptable path
-        k = topk
-        self.scratch = (steps - 1) * k  # drafter scratch slots of the frontier steps
-        self.no_anc = torch.zeros(k, max(self.scratch, 1), dtype=torch.bool, device=dev)
-        self.fresh = [self.no_anc.clone() for _ in range(steps - 1)]
-        for s, f in enumerate(self.fresh):  # frontier row r of step s + 2 sits at scratch slot s * k + r
-            f[torch.arange(k), s * k + torch.arange(k)] = True
-        self.depth = torch.tensor([1] * k + [d for d in range(2, steps + 1) for _ in range(k * k)], device=dev)
+        self.t_of = dm.to_target(torch.arange(dm.d2t.shape[0], device=dev))  # draft id -> target id
+        f = torch.arange(steps - 1)[:, None]  # frontier of step f + 2, row r: position base + f, slot base + f k + r
+        self.ps = torch.stack([f.expand(-1, k), f * k + torch.arange(k)], 1).to(dev)
+        # entries: the candidates (root children, then each step's k * k children), the root, the padding rows
+        c, pad = k + (steps - 1) * k * k, self.vrows - self.nodes - 1
+        self.tail = torch.arange(c, c + 1 + pad, device=dev)
+        self.depth = torch.tensor([1] * k + [d for d in range(2, steps + 1) for _ in range(k * k)] + [0] * (1 + pad),
+                                  device=dev)
+        # parent entries: ptab = [step 2's frontier (the root children), later frontiers (sel + poff), root, padding]
+        # and pidx, each entry's parent's place in ptab (the root's for root children, themselves for root, padding)
+        self.poff = torch.tensor([0] * k * (steps > 1) + [k + s * k * k for s in range(steps - 2) for _ in range(k)]
+                                 + [0] * (1 + pad), device=dev)
+        n_f = (steps - 1) * k  # frontier rows over all steps
+        self.pidx = torch.tensor([n_f] * k + [s * k + i // k for s in range(steps - 1) for i in range(k * k)] +
+                                 [n_f + j for j in range(1 + pad)], device=dev)
         self.eye = torch.eye(self.vrows, dtype=torch.bool, device=dev)
         self.real = (self.ar[:self.vrows] >= 1) & (self.ar[:self.vrows] <= self.nodes)
 
-    def _frontier_mask(self, anc: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """``[k, W]``: the prefix (slots < base) and each frontier row's ancestors among the scratch slots."""
-        rel = self.dcols - base
-        inside = (rel >= 0) & (rel < self.scratch)
-        return (rel < 0)[None] | (inside[None] & anc.index_select(1, rel.clamp(0, max(self.scratch - 1, 0))))
-
-    def _expand(self, f_score, f_did, f_idx, f_hid, anc, base, s: int, first: int):
-        """One drafter pass over the frontier of step ``s``; returns its children and the next frontier."""
+    def _expand(self, f_score, f_tid, f_hid, f_mask, ps, own, last: bool):
+        """One drafter pass over a frontier (scores, target ids, hidden, masks without ``own`` slots); returns its
+        children (scores, target ids), the selected ones and the next frontier (None after the ``last`` step)."""
         dm, k = self.eng.drafter, self.topk
-        anc = anc | self.fresh[s - 2]
-        slots = base + (s - 2) * k + self.ar[:k]
-        pos = (base + (s - 2)).expand(k)  # root position + depth (s - 1)
-        lg, hid = dm(dm.to_target(f_did)[None], f_hid[None], pos, slots, self._frontier_mask(anc, base),
-                     self.eng.dkv, compiled=self.eng.compiled)
+        mask = f_mask | own  # the prefix, each row's ancestors and the row itself
+        lg, hid = dm(f_tid[None], f_hid[None], ps[0], ps[1], mask, self.eng.dkv, compiled=self.eng.compiled)
         ch = torch.log_softmax(lg[0].float(), -1).topk(k, dim=-1)
         scores = (f_score[:, None] + ch.values).flatten()
-        dids = ch.indices.flatten()
-        parents = f_idx.repeat_interleave(k)
-        sel = torch.sort(scores, descending=True, stable=True).indices[:k]
+        tids = self.t_of.index_select(0, ch.indices.flatten())
+        if last:
+            return (scores, tids), None, None
+        best = torch.sort(scores, descending=True, stable=True)
+        sel = best.indices[:k]
         row = sel // k
-        return (scores, dids, parents), (scores[sel], dids[sel], first + sel, hid[0].index_select(0, row),
-                                         anc.index_select(0, row))
+        return (scores, tids), sel, (best.values[:k], tids.index_select(0, sel), hid[0].index_select(0, row),
+                                     mask.index_select(0, row))
 
     def _draft(self, meta: torch.Tensor, aux: torch.Tensor):
         """-> (verify ids, depths, parent rows, base slot), each ``[vrows]`` but the base ``[1]``."""
-        dm, k = self.eng.drafter, self.topk
+        k = self.topk
         lg, h, root, base = self._extend(meta, aux)
         top = torch.log_softmax(lg[0].float(), -1).topk(k)
-        cand = [(top.values, top.indices, torch.full((k,), -1, dtype=torch.long, device=lg.device))]
-        front = (top.values, top.indices, self.ar[:k], h.expand(k, -1), self.no_anc)
-        for s in range(2, self.steps + 1):
-            new, front = self._expand(*front, base, s, k + (s - 2) * k * k)
+        cand, sels = [(top.values, self.t_of.index_select(0, top.indices))], []
+        ps = base + self.ps  # [steps - 1, 2, k]: the frontier rows' positions and slots
+        own = self.dcols == ps[:, 1, :, None]
+        front = (top.values, cand[0][1], h.expand(k, -1), (self.dcols < base)[None])
+        for s in range(self.steps - 1):
+            new, sel, front = self._expand(*front, ps[s], own[s], s == self.steps - 2)
             cand.append(new)
-        scores, dids, parents = (torch.cat(c) for c in zip(*cand))
-        keep = torch.sort(scores, descending=True, stable=True).indices[:self.nodes]
-        inv = torch.full_like(scores, -1, dtype=torch.long).scatter(0, keep, self.ar[:self.nodes])
-        par = parents.index_select(0, keep)
-        prow = torch.where(par >= 0, inv.index_select(0, par.clamp_min(0)) + 1, 0)  # 0: the root row
-        pad = self.vrows - self.nodes - 1
-        vids = torch.cat([root, dm.to_target(dids.index_select(0, keep)), root.repeat(pad)])
-        depth = torch.cat([self.ar[:1] * 0, self.depth.index_select(0, keep), self.ar[:pad] * 0])
-        prow = torch.cat([self.ar[:1], prow, self.ar[self.nodes + 1:self.vrows]])  # root and padding: themselves
-        return vids, depth, prow, base
+            sels.append(sel)
+        scores, tids = zip(*cand)
+        keep = torch.sort(torch.cat(scores), descending=True, stable=True).indices[:self.nodes]
+        ent = torch.cat([self.tail[:1], keep, self.tail[1:]])  # verify row -> entry
+        vd = torch.cat([*tids, root.expand(self.tail.shape[0]), self.depth]).view(2, -1).index_select(1, ent)
+        ptab = torch.cat([self.ar[:k * (self.steps > 1)], *sels[:-1], self.tail]) + self.poff
+        row = torch.empty_like(self.depth).index_copy_(0, ent, self.ar[:self.vrows])  # entry -> verify row (read at
+        # verify rows' parents only: a kept candidate's parent is kept)
+        return vd[0], vd[1], row.index_select(0, ptab.index_select(0, self.pidx.index_select(0, ent))), base
 
     def _verify(self, vids, depth, prow, base):
         """Target over the tree; the greedy walk, the accepted rows moved next to the prefix.
