@@ -7,7 +7,8 @@ batches with their sequence offsets (``pack``); the target's input embeddings an
 lm_head, saved once per dataset (``save_target_head``: the final hidden state times
 lm_head gives the target's exact distribution over any draft vocabulary at training
 time); and the same features per training batch with the target in memory when only
-token ids were stored (``OnlineFeatures``).
+token ids were stored (``OnlineFeatures``: one causal pass per right-padded batch without
+its attention mask, the argmax without full logits, no host sync of its own).
 
 Knows nothing about prompts, generation, manifests or the task runner; the file
 layout is ``eaglekb.formats.shards``.
@@ -73,16 +74,29 @@ def save_target_head(target, out: Path, dtype: str) -> dict:
 
 
 class OnlineFeatures:
-    """Computes what a stored dataset would hold, per batch, with the target in memory."""
+    """Computes what a stored dataset would hold, per batch, with the target in memory.
+
+    One ``Target.features`` pass per batch: no attention mask, which is exact for right-padded batches (a real
+    token never attends to a later pad; positions come from the index, not the mask). The values at pad positions
+    are not those of a masked pass; training never reads them (the loss mask and the ``valid`` rows leave them
+    out). Token ids are not range-checked per batch (a sync): they come from the target's own tokenizer and
+    generation, and an id out of range still fails in the embedding lookup.
+    """
 
     def __init__(self, target, store_final_hidden: bool = True):
         self.target = target
         self.store_final_hidden = store_final_hidden
 
     def __call__(self, input_ids, valid) -> dict:
+        """``valid [B,T]`` must be right-padded (``collate``'s batches): asserted on the device, without a sync."""
+        import torch
+
         dev = self.target.device
-        res = self.target.forward(input_ids.to(dev), attention_mask=valid.long().to(dev))
-        out = {"aux_hidden": res.aux_hidden, "target_argmax": res.logits.argmax(-1)}
+        valid = valid.to(dev).bool()
+        if valid.shape[1] > 1:  # a failure on CUDA is a device-side assert: a caller's bug, not bad data
+            torch._assert_async((valid[:, :-1] >= valid[:, 1:]).all(), "online features need right-padded batches")
+        res = self.target.features(input_ids.to(dev))
+        out = {"aux_hidden": res.aux_hidden, "target_argmax": res.argmax}
         if self.store_final_hidden:
             out["final_hidden"] = res.final_hidden
         return {k: v.to(input_ids.device) for k, v in out.items()}

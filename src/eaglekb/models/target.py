@@ -4,7 +4,9 @@ Owns: loading a causal LM with transformers (float32 or bf16, CPU or GPU), the
 layer-id conventions (SpecForge/SGLang config ids versus capture points, vLLM's
 reading of the same ids), and one forward that returns the concatenated
 auxiliary hidden states ``[B, T, 3*H]`` plus logits and the final (post-norm)
-hidden state.
+hidden state, and a cheaper pass for training features (``features``: causal
+attention only, the logits' argmax in chunks of positions, only the capture
+points' hidden states kept, no host sync of its own).
 
 Conventions, checked against SGLang ``python/sglang/srt/models/llama.py``
 (``set_eagle3_layers_to_capture``) and vLLM ``model_executor/models/llama.py``:
@@ -33,6 +35,13 @@ from eaglekb.io.errors import BadInput, Unavailable
 from eaglekb.models.checks import load_causal_lm
 
 CONVENTIONS = ("sglang", "vllm")
+
+#: Positions per lm_head GEMM of ``Target.argmax`` (8192 x 49152 bf16 logits: 0.8 GB at a time).
+ARGMAX_CHUNK = 8192
+
+#: Model types whose logits are exactly ``lm_head(final hidden)`` (read in transformers' ``*ForCausalLM.forward``);
+#: ``Target.features`` runs the full forward for any other.
+PLAIN_HEAD = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 
 def default_capture_points(num_layers: int) -> list[int]:
@@ -95,6 +104,15 @@ class TargetOutput:
     logits: "object"
     final_hidden: "object"  # post-norm (HF hidden_states[-1])
     capture_points: list[int]
+
+
+@dataclass
+class TargetFeatures:
+    """What training reads per token: aux hidden ``[B,T,3H]``, the logits' argmax ``[B,T]``, final hidden."""
+
+    aux_hidden: "object"
+    argmax: "object"
+    final_hidden: "object"  # post-norm
 
 
 class Target:
@@ -170,3 +188,53 @@ class Target:
                             capture_points=list(self.capture_points))
 
     __call__ = forward
+
+    def features(self, input_ids, *, chunk: int = ARGMAX_CHUNK) -> TargetFeatures:
+        """A pass over ``input_ids [B,T]`` with causal attention only (no mask): what ``forward`` gives at every
+        position that sees no padding, i.e. every real token of a right-padded batch.
+
+        No ``[B,T,V]`` logits (``argmax``), no hidden states but the capture points' and the final one, no host
+        sync of its own: the id range is not checked here (an id out of range still fails in the embedding lookup).
+        transformers (5.24) still reads one value: its packed-sequence check of the position ids when no mask is
+        given, at the start of the pass.
+        """
+        import torch
+
+        ids = torch.as_tensor(input_ids, device=self.device)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if self.model.config.model_type not in PLAIN_HEAD:
+            with torch.no_grad():
+                out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
+            hs = out.hidden_states
+            return TargetFeatures(torch.cat([hs[c] for c in self.capture_points], dim=-1), out.logits.argmax(-1),
+                                  hs[-1])
+        decoder = self.model.get_decoder()
+        kept: dict[int, object] = {}
+
+        def keep(point):
+            def hook(_module, args, kwargs):  # capture point c: the residual stream entering layer c
+                kept[point] = args[0] if args else kwargs["hidden_states"]
+            return hook
+
+        hooks = [decoder.layers[c].register_forward_pre_hook(keep(c), with_kwargs=True) for c in self.capture_points]
+        try:
+            with torch.no_grad():
+                final = decoder(input_ids=ids, use_cache=False, output_hidden_states=False).last_hidden_state
+        finally:
+            for h in hooks:
+                h.remove()
+        aux = torch.cat([kept[c] for c in self.capture_points], dim=-1)
+        return TargetFeatures(aux, self.argmax(final, chunk=chunk), final)
+
+    def argmax(self, final_hidden, *, chunk: int = ARGMAX_CHUNK):
+        """``argmax(lm_head(final_hidden))`` per position ``[...]``, ``chunk`` positions per GEMM (model dtype)."""
+        import torch
+
+        head = self.model.get_output_embeddings()
+        flat = final_hidden.reshape(-1, final_hidden.shape[-1])
+        out = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
+        with torch.no_grad():
+            for a in range(0, flat.shape[0], chunk):
+                out[a:a + chunk] = head(flat[a:a + chunk]).argmax(-1)
+        return out.view(final_hidden.shape[:-1])
