@@ -9,8 +9,8 @@ sequences end to end: ``input_ids`` (int32), ``loss_mask`` (uint8), optionally
 ``offsets`` (int64, sequences + 1) where each sequence starts.
 
 Owns: reading (``read_manifest``, ``read_shard_tensor``, ``open_dataset`` -> ``Dataset``
-with lazy, memory-mapped per-sequence reads, checked against the manifest by size or
-sha256) and writing one shard file atomically (``write_shard``). Every read and write
+with per-sequence reads, checked against the manifest by size or sha256: token ids and
+loss masks held in memory per shard, stored features memory-mapped) and writing one shard file atomically (``write_shard``). Every read and write
 goes through ``eaglekb.io.files`` (one error conversion for unreadable files).
 
 Knows nothing about targets, generation, features or training: it stores tensors.
@@ -75,6 +75,10 @@ def write_shard(path: Path, tensors: dict, meta: dict, *, sequence_ids: list[str
     }
 
 
+#: Per-token tensors small enough to hold a whole shard of in memory (int32 ids, uint8 mask).
+SMALL_KEYS = ("input_ids", "loss_mask")
+
+
 @dataclass
 class Dataset:
     """A datagen folder opened for training: its manifest, shard index and lazy per-sequence reads."""
@@ -85,6 +89,7 @@ class Dataset:
     offsets: list[list[int]]  # per shard: sequence start offsets (len = sequences + 1)
     index: list[tuple[int, int]] = field(default_factory=list)  # global sequence -> (shard, local)
     _handles: dict = field(default_factory=dict, repr=False)  # open shard readers (memory-mapped)
+    _small: dict = field(default_factory=dict, repr=False)  # per shard: its token ids and loss mask, read whole
 
     @property
     def target(self) -> dict:
@@ -119,14 +124,28 @@ class Dataset:
         return fh
 
     def get(self, i: int, max_len: int | None = None) -> dict:
-        """One sequence's tensors (``input_ids``, ``loss_mask``, and the stored features)."""
+        """One sequence's tensors (``input_ids``, ``loss_mask``, and the stored features).
+
+        A shard's token ids and loss mask (5 bytes a token) are read whole at its first use and sliced from memory
+        after: a slice read through the file per key and sequence was most of a batch's assembly. The stored
+        features (kilobytes a token) stay memory-mapped slices."""
         s, j = self.index[i]
         a, b = self.offsets[s][j], self.offsets[s][j + 1]
         if max_len is not None:
             b = min(b, a + max_len)
         try:
-            fh = self._handle(s)
-            return {k: fh.get_slice(k)[a:b] for k in fh.keys() if k != "offsets"}
+            small = self._small.get(s)
+            if small is None:
+                fh = self._handle(s)
+                keys = [k for k in fh.keys() if k != "offsets"]
+                small = self._small[s] = ({k: fh.get_tensor(k) for k in SMALL_KEYS if k in keys},
+                                          [k for k in keys if k not in SMALL_KEYS])
+            whole, mapped = small
+            out = {k: v[a:b] for k, v in whole.items()}
+            if mapped:
+                fh = self._handle(s)
+                out.update({k: fh.get_slice(k)[a:b] for k in mapped})
+            return out
         except Exception:
             safetensors_keys(self.shard_files[s])  # a shard gone or corrupted since opening: one line
             raise
