@@ -145,7 +145,10 @@ def parse_errors_exit_2() -> None:
                 method(self)
             except (ParseError, UnknownFileType, OSError) as exc:
                 fix = _help.suggestion(exc, self) if isinstance(exc, ParseError) else "invoke --help TASK"
-                raise Exit(f"error: {one_line(_help.missing_value(str(exc)))}; fix: {fix}", code=2) from None
+                said = _help.missing_value(str(exc), list(getattr(self, "argv", None) or []))
+                if ": invoke read " in said:
+                    fix = "a value starting with - is read as options: write it as --OPTION=VALUE"
+                raise Exit(f"error: {one_line(said)}; fix: {fix}", code=2) from None
 
         wrapped.eaglekb = True  # type: ignore[attr-defined]
         return wrapped

@@ -111,10 +111,17 @@ def _as_typed(task: str | None) -> str | None:
     return task.partition(".")[0] if task and _doubled(task) else task
 
 
-def missing_value(message: str) -> str:
-    """invoke's "Flag <Argument: num_prompts (n)> needed value and was not given one!" as the option typed."""
-    found = re.search(r"Flag <Argument: ([\w-]+)[^>]*> needed value", message)
-    return f"option --{found.group(1).replace('_', '-')} needs a value" if found else message
+def missing_value(message: str, argv: list[str] | None = None) -> str:
+    """invoke's "Flag <Argument: num_prompts (n)> needed value and was not given one!" as the option typed; a value
+    such as ``-inf`` that invoke split into short flags (``-i -n -f``) is named as the user typed it."""
+    found = re.search(r"Flag <(?:_Positional|Argument): ([\w-]+)(?: \((\w)\))?[^>]*> needed value", message)
+    if not found:
+        return message
+    text = f"option --{found.group(1).replace('_', '-')} needs a value"
+    short = found.group(2)
+    typed = [t for t in argv or [] if short and re.fullmatch(r"-[^-\s]{2,}", t) and short in t[1:]]
+    return text + (f": invoke read {typed[0]!r} as the short flags {' '.join('-' + c for c in typed[0][1:])}"
+                   if typed else "")
 
 
 def suggestion(exc: Exception, program: Any) -> str:

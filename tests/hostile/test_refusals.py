@@ -194,6 +194,7 @@ def test_help_shows_each_options_kind_and_real_default(ws):
     (["docs.buld"], ("`invoke docs.build`",)),
     (["bench", "--stesp=3"], ("did you mean --steps",)),
     (["bench", "--num-prompts"], ("option --num-prompts needs a value", "invoke --help bench")),
+    (["models.prepare", "-inf"], ("option --name needs a value", "'-inf'", "--OPTION=VALUE")),
 ])
 def test_a_typo_gets_a_suggestion(ws, argv, fragments):
     res = run_cli(argv)
