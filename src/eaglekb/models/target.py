@@ -196,19 +196,16 @@ class Target:
         No ``[B,T,V]`` logits (``argmax``), no hidden states but the capture points' and the final one, no host
         sync of its own: the id range is not checked here (an id out of range still fails in the embedding lookup).
         transformers (5.24) still reads one value: its packed-sequence check of the position ids when no mask is
-        given, at the start of the pass.
+        given, at the start of the pass. A model type outside ``PLAIN_HEAD`` takes ``forward`` itself, unmasked.
         """
         import torch
 
         ids = torch.as_tensor(input_ids, device=self.device)
         if ids.dim() == 1:
             ids = ids[None]
-        if self.model.config.model_type not in PLAIN_HEAD:
-            with torch.no_grad():
-                out = self.model(input_ids=ids, output_hidden_states=True, use_cache=False)
-            hs = out.hidden_states
-            return TargetFeatures(torch.cat([hs[c] for c in self.capture_points], dim=-1), out.logits.argmax(-1),
-                                  hs[-1])
+        if self.model.config.model_type not in PLAIN_HEAD:  # logits may not be lm_head(h): the full forward
+            res = self.forward(ids)
+            return TargetFeatures(res.aux_hidden, res.logits.argmax(-1), res.final_hidden)
         decoder = self.model.get_decoder()
         kept: dict[int, object] = {}
 
