@@ -63,7 +63,7 @@ case "$stage" in
     nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv,noheader || true ;;
   datagen-bg)  # the session's slice in the background (survives the call while the next one comes in time)
     setsid nohup invoke datagen --target $T --device $DEVICE "${MIX[@]}" --slice "$SLICE" --samples "$SAMPLES" \
-      --batch-size 384 --max-new-tokens 320 --max-len 1024 --features online --shard-size 8192 \
+      --batch-size ${GEN_B:-384} --max-new-tokens ${MAX_NEW:-320} --max-len 1024 --features online --shard-size 8192 \
       --time-budget-s "${BUDGET:-560}" --out $DATA --record $DREC > "$LOGS/datagen.log" 2>&1 < /dev/null &
     echo $! > /tmp/datagen.pid; echo "datagen started (pid $!)" ;;
   wait-datagen)
@@ -128,11 +128,12 @@ split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name=
     esac
     [ ${#sel[@]} -gt 0 ] && cp "${sel[@]}" "$OUT"/
     echo "${#parts[@]} state pieces; back: $(ls "$OUT" | wc -l) files, $(du -cb "$OUT"/* | tail -1 | cut -f1) bytes" ;;
-  bench)  # the fused tree against the chains, the committed default (goal: spec_s4_k4_n16 draft <= 0.5 ms)
+  bench)  # the fused tree against the chains, the committed default (goal: spec_s4_k4_n16 draft <= 0.5 ms); the
+    # record names the session (r5's is h200-smollm2-default-r4-fused-tree, the bookkeeping before its tables)
     t=$(( $(left) < ${1:-240} ? $(left) : ${1:-240} )); echo "bench: $t s"
     timeout "$t" invoke bench --device cuda --dtype bfloat16 --graphs both --profile --num-prompts 4 \
       --max-new-tokens 128 --repeats 3 --sweep '4,4,16;3,1;4,1;5,1;3,4,8' --peers hf_static_compile \
-      --record h200-smollm2-default-r4-fused-tree > "$LOGS/bench.log" 2>&1 || echo "bench FAILED"
+      --record ${BENCH_REC:-h200-smollm2-default-r4-fused-$ID-s$S} > "$LOGS/bench.log" 2>&1 || echo "bench FAILED"
     quiet "$LOGS/bench.log" | tail -${LINES_BENCH:-14}; bundle bench ;;
   probe)  # the newest checkpoint (or the finished drafter) on word problems
     D=$(drafter); echo "drafter: $D"
