@@ -64,7 +64,7 @@ case "$stage" in
   datagen-bg)  # the session's slice in the background (survives the call while the next one comes in time)
     setsid nohup invoke datagen --target $T --device $DEVICE "${MIX[@]}" --slice "$SLICE" --samples "$SAMPLES" \
       --batch-size ${GEN_B:-384} --max-new-tokens ${MAX_NEW:-320} --max-len 1024 --features online --shard-size 8192 \
-      --time-budget-s "${BUDGET:-560}" --out $DATA --record $DREC > "$LOGS/datagen.log" 2>&1 < /dev/null &
+      --generator engine --time-budget-s "${BUDGET:-560}" --out $DATA --record $DREC > "$LOGS/datagen.log" 2>&1 < /dev/null &
     echo $! > /tmp/datagen.pid; echo "datagen started (pid $!)" ;;
   wait-datagen)
     end=$((SECONDS + ${1:-540}))
@@ -98,9 +98,10 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     # this call so far, 100 s of setup (mapping, compile) and the RESERVE the calls after the training need
     [ -n "${TRAIN_S:-}" ] || TRAIN_S=$(( ${LEASE_LEFT:?TRAIN_S or LEASE_LEFT} - ($(date +%s) - ${CALL_T0:?}) - 100 - ${RESERVE:-400} ))
     # session 1 starts from INIT (a drafter folder; r6: the committed default, a warm start, F09), later ones
-    # resume from the pieces the session before brought back
+    # resume from the pieces the session before brought back; --init is part of the run's settings, so every
+    # session names it (a resumed run takes its weights from the checkpoint, not from INIT)
     res=(); [ "$S" != 1 ] && res=(--resume-from $PIN --new-data)
-    [ "$S" = 1 ] && [ -n "${INIT:-}" ] && res=(--init "$INIT")
+    [ -n "${INIT:-}" ] && res+=(--init "$INIT")
     echo "$STEPS $B" > .eaglekb/$ID-schedule; echo "schedule: $STEPS steps of $B, ${TRAIN_S:?TRAIN_S} s this session"
     setsid nohup invoke finetune --data $DATA "${SHAPE[@]}" --batch-size $B "${SCHED[@]}" --steps $STEPS \
       --save-every ${EVERY:-1000} --eval-every ${EVERY:-1000} --profile --out $RUN "${res[@]}" --time-budget-s $TRAIN_S \
@@ -139,11 +140,11 @@ split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name=
     D=$(drafter); echo "drafter: $D"
     for p in ${SETS:-gsm8k-eval}; do
       [ "$(left)" -gt 50 ] || { echo "probe $p skipped: $(left) s left"; continue; }
-      timeout $(( $(left) < 150 ? $(left) : 150 )) invoke probe --device cuda --dtype bfloat16 --num-prompts 8 \
+      timeout $(( $(left) < 150 ? $(left) : 150 )) invoke probe --device $DEVICE --dtype ${PROBE_DTYPE:-bfloat16} --num-prompts 8 \
         --max-new-tokens 128 --prompts $p --drafter $D --record h200-smollm2-$ID-s$S-$p > "$LOGS/probe-$p.log" 2>&1 \
         || echo "probe $p FAILED"; quiet "$LOGS/probe-$p.log" | tail -4; done; bundle probe ;;
   tests)  # the CUDA tests on tiny models
-    timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
+    timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py tests/data/test_online_features.py \
       tests/training/test_speed.py tests/training/test_loop.py > "$LOGS/gpu-tests.log" 2>&1 || true
     tail -2 "$LOGS/gpu-tests.log" || true; bundle tests ;;
   *) echo "unknown stage $stage" >&2; exit 2 ;;

@@ -126,3 +126,14 @@ def test_real_targets_equal_the_masked_pass(name):
     target = load_target(folder, device="cpu", dtype="float32")
     ids, valid = _batch([128, 97, 1, 64], target.vocab_size)
     _assert_equal_at_valid(OnlineFeatures(target)(ids, valid), _reference(target, ids, valid), valid, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", list(LENGTHS))
+def test_on_cuda_equal_to_the_masked_pass(case):
+    target = Target(tiny_causal_lm(tiny_llama_config()).to("cuda"))
+    ids, valid = _batch(LENGTHS[case], VOCAB)
+    ids, valid = ids.cuda(), valid.cuda()
+    new = OnlineFeatures(target)(ids, valid)
+    _assert_equal_at_valid(new, _reference(target, ids, valid), valid, atol=1e-4)
