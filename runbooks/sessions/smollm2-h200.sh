@@ -132,6 +132,8 @@ r = {b: json.loads(f.read_text())['metrics'] for a, b in (('after', 64), ('b128'
 b = max(r, key=lambda b: r[b]['throughput']['train_tok_s']) if r else 64
 print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) // 10 * 10) if r else 22210, b)"); fi
     B=${B:-${BATCH:-64}}
+    # LOSS_CHUNK: positions per chunk of the loss over the draft vocabulary (exact at any size, not part of the
+    # run's settings, so a resumed session may change it; the library's default 4,096 when unset)
     # TRAIN_S, or what the lease leaves: LEASE_LEFT (device seconds left when this call began, at CALL_T0) less
     # this call so far, 100 s of setup (mapping, compile) and the RESERVE the calls after the training need
     [ -n "${TRAIN_S:-}" ] || TRAIN_S=$(( ${LEASE_LEFT:?TRAIN_S or LEASE_LEFT} - ($(date +%s) - ${CALL_T0:?}) - 100 - ${RESERVE:-400} ))
@@ -142,7 +144,8 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     [ -n "${INIT:-}" ] && res+=(--init "$INIT")
     echo "$STEPS $B" > .eaglekb/$ID-schedule; echo "schedule: $STEPS steps of $B, ${TRAIN_S:?TRAIN_S} s this session"
     setsid nohup invoke finetune --data $DATA "${SHAPE[@]}" --batch-size $B "${SCHED[@]}" --steps $STEPS \
-      --save-every ${EVERY:-1000} --eval-every ${EVERY:-1000} --profile --out $RUN "${res[@]}" --time-budget-s $TRAIN_S \
+      --save-every ${EVERY:-1000} --eval-every ${EVERY:-1000} ${LOSS_CHUNK:+--loss-chunk $LOSS_CHUNK} --profile --out $RUN \
+      "${res[@]}" --time-budget-s $TRAIN_S \
       --pieces-out $RUN/pieces --piece-mib 15 --record smollm2-$ID-s$S > "$LOGS/train.log" 2>&1 < /dev/null &
     echo $! > /tmp/train.pid; echo "training started (pid $!)" ;;
   wait-train)
