@@ -2,7 +2,9 @@
 
 Owns: ``Graphed``, a wrapper that, when enabled on CUDA, captures one graph per
 input-shape signature (after warm-up on a side stream), then serves calls by
-copying inputs into the static buffers and replaying. Disabled (or on CPU) it
+copying inputs into the static buffers and replaying; with ``static_inputs`` the
+caller's own tensors are those buffers (it passes the same tensors every call, their
+values written in place, and nothing is copied). Disabled (or on CPU) it
 calls the function directly, so eager versus graphed cycle times can be measured
 with the same code. Outputs are the graph's static tensors: read them before the
 next call of the same wrapper. Capture time is kept apart (``capture_s``).
@@ -27,12 +29,16 @@ class _Captured:
 
 
 class Graphed:
-    """``Graphed(fn, enabled)(*tensors)``: eager call, or replay of a captured graph."""
+    """``Graphed(fn, enabled)(*tensors)``: eager call, or replay of a captured graph.
 
-    def __init__(self, fn, *, enabled: bool = False, warmup: int = 2):
+    ``static_inputs``: the tensors of the capturing call are the graph's inputs; a later call passing those very
+    tensors copies nothing (another tensor is still copied in, into them)."""
+
+    def __init__(self, fn, *, enabled: bool = False, warmup: int = 2, static_inputs: bool = False):
         self.fn = fn
         self.enabled = bool(enabled) and torch.cuda.is_available()
         self.warmup = warmup
+        self.static_inputs = static_inputs
         self.graphs: dict[tuple, _Captured] = {}
         self.capture_s = 0.0
 
@@ -44,13 +50,14 @@ class Graphed:
         if cap is None:
             cap = self.graphs[key] = self._capture(args)
         for buf, a in zip(cap.inputs, args):
-            buf.copy_(a, non_blocking=True)
+            if a is not buf:
+                buf.copy_(a, non_blocking=True)
         cap.graph.replay()
         return cap.outputs
 
     def _capture(self, args) -> _Captured:
         t0 = time.perf_counter()
-        static = [a.clone() for a in args]
+        static = list(args) if self.static_inputs else [a.clone() for a in args]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

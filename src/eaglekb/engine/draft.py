@@ -6,7 +6,8 @@ mask, so that chain steps, tree frontiers and teacher-forced probing all use one
 forward), the compatibility check between a drafter and a target, and
 ``draft_tree`` (topk 1: a chain; topk > 1: EAGLE-2/SGLang-style tree, top-k per
 frontier node, frontier kept to the k best cumulative log-probabilities, and the
-``draft_tokens - 1`` best nodes kept for verification).
+``draft_tokens - 1`` best nodes kept for verification), and ``top_children``, the k best
+children of each row that the named tree and the fused tree both take (one rule for ties).
 
 One drafter step (the contract training must match, SpecForge's): at drafter
 position ``j`` the input is ``embed(x[j+1])`` with ``fc(aux[j])`` (the target's
@@ -157,6 +158,42 @@ def _choose(logits: torch.Tensor, temperature: float, gen: torch.Generator | Non
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1), probs
 
 
+def top_children(logits: torch.Tensor, k: int, *, rounds: bool | None = None, values: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's ``k`` best children: their log-probabilities (float32; into ``values`` when given) and draft ids,
+    ``[..., k]`` each, best first, ties to the lower id: exactly ``torch.sort(logp, descending=True, stable=True)``
+    cut to ``k``. ``torch.topk`` has the same values, but its choice and order among equal values is its own (and
+    differs between CPU and CUDA).
+
+    ``rounds`` (the default off the CPU, and the fused tree's device program everywhere): ``k`` rounds of max
+    (``torch.max`` returns the first maximal index) over this call's own log-softmax, the picked id masked to -inf
+    after each: ``2k - 1`` small kernels, no host read, where ``torch.topk`` ran a radix select with one thread block
+    per row over the whole vocab (46 us for 4 rows of 12,288 on the H200); its ids hold for rows with at least ``k``
+    entries above -inf (the logits of a finite drafter). Otherwise (the CPU, where max with an index is the slow
+    reduction): ``torch.topk`` of ``k + 1``; if any two of those are equal (a host read), the entries up to the k-th
+    value in id order, stably sorted."""
+    if k > logits.shape[-1]:
+        raise ValueError(f"top {k} of {logits.shape[-1]} entries")
+    logp = torch.log_softmax(logits.float(), -1)
+    if not (logp.device.type != "cpu" if rounds is None else rounds):
+        vals, ids = logp.topk(min(k + 1, logp.shape[-1]))
+        # topk's first k ids are the stable ones unless two of its first k + 1 values are equal (a tie within, or the
+        # k-th value held outside too)
+        if bool((vals[..., 1:] == vals[..., :-1]).any()):  # then every entry >= the k-th value, in id order, sorted
+            ids = logp.topk(int((logp >= vals[..., k - 1:k]).sum(-1).max())).indices.sort(dim=-1).values
+            vals, order = logp.gather(-1, ids).sort(dim=-1, descending=True, stable=True)
+            ids = ids.gather(-1, order)
+        vals, ids = vals[..., :k], ids[..., :k]
+        return (vals if values is None else values.copy_(vals)), ids
+    vals = logp.new_empty((*logp.shape[:-1], k)) if values is None else values
+    ids = torch.empty(vals.shape, dtype=torch.long, device=logp.device)
+    for j in range(k):
+        torch.max(logp, -1, keepdim=True, out=(vals[..., j:j + 1], ids[..., j:j + 1]))
+        if j + 1 < k:
+            logp.scatter_(-1, ids[..., j:j + 1], float("-inf"))
+    return vals, ids
+
+
 class Drafting:
     """Runs chain or tree drafting for one cycle over a drafter and its cache.
 
@@ -212,11 +249,10 @@ class Drafting:
              budget: int) -> DraftTree:
         """topk > 1: expand the k best frontier nodes by their k best children per step."""
         dm, dev = self.dm, self.dm.device
-        logp = torch.log_softmax(root_logits.float(), -1)
-        top = logp.topk(topk)
+        top_lp, top_ids = top_children(root_logits, topk)
         # candidate table: score, parent (-1 root), draft id, depth, drafter slot once processed
-        scores = top.values.tolist()
-        dids = top.indices.tolist()
+        scores = top_lp.tolist()
+        dids = top_ids.tolist()
         parents = [-1] * topk
         depths = [1] * topk
         slot_of: dict[int, int] = {}
@@ -242,11 +278,10 @@ class Drafting:
             out_logits, out_hidden = self.step(ids[None], hidden, pos, torch.tensor(slots, device=dev),
                                                mask.to(dev))
             next_slot += n
-            lp = torch.log_softmax(out_logits[0].float(), -1)
-            ch = lp.topk(topk, dim=-1)
-            base = torch.tensor([scores[i] for i in frontier], device=lp.device)[:, None]
-            child_scores = (base + ch.values).flatten().tolist()
-            child_ids = ch.indices.flatten().tolist()
+            ch_lp, ch_ids = top_children(out_logits[0], topk)
+            base = torch.tensor([scores[i] for i in frontier], device=ch_lp.device)[:, None]
+            child_scores = (base + ch_lp).flatten().tolist()
+            child_ids = ch_ids.flatten().tolist()
             first = len(scores)
             for c, (sc, did) in enumerate(zip(child_scores, child_ids)):
                 parent = frontier[c // topk]

@@ -370,6 +370,8 @@ class Engine:
                 else:
                     pending, start = self._cycle(seq, result, pending, start, cfg, timer, extended)
                 extended = None
+        if fused is not None:
+            fused.end(timer)  # the draft queued for a next cycle: not a cycle's
         timer.stop()
         toks = result.tokens[:max_new_tokens]
         for i, t in enumerate(toks):

@@ -23,6 +23,7 @@ KINDS = (
     ("gemm", ("gemm", "cutlass", "xmma", "nvjet", "cublas", "gemv", "splitk")),
     ("attention", ("fmha", "attention", "flash", "efficient", "sdpa", "cudnn", "softmax")),
     ("triton", ("triton_",)),
+    ("topk_sort", ("topk", "sort", "radix")),  # before copy_index: sbtopk::gatherTopK is a selection, not a gather
     ("copy_index", ("copy", "index", "scatter", "gather", "cat", "fill")),
     ("elementwise", ("elementwise", "vectorized", "reduce", "unrolled")),
 )

@@ -40,6 +40,11 @@ class PhaseTimer:
             self._spans.append((self._open[0], self._open[1], now))
         self._open = (phase, now) if phase else None
 
+    def relabel(self, phase: str) -> None:
+        """Book the open phase (its time so far and up to the next mark) as ``phase`` instead."""
+        if self.enabled and self._open is not None:
+            self._open = (phase, self._open[1])
+
     def stop(self) -> None:
         self.mark(None)
 
