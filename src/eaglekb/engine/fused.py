@@ -75,6 +75,7 @@ class _Fused:
         pinned = dev.type == "cuda"
         self.host = torch.zeros(size, dtype=torch.long, pin_memory=pinned)  # a generation's one copy in
         self.out = torch.zeros(size, dtype=torch.long, pin_memory=pinned)  # each cycle's read of meta
+        self.read = torch.cuda.Event() if pinned else None  # that read's copy done (one event, every cycle)
         self.table = torch.zeros(2, lead + size, dtype=torch.long, device=dev)
         self.meta = self.table[0, lead:]
         self.aux: torch.Tensor | None = None  # [rows, 3H], allocated at the first cycle (the target's aux dtype)
@@ -132,15 +133,13 @@ class _Fused:
         self.verify(*self.queued)  # writes the next draft's meta and aux rows
         timer.mark("overhead")
         self.out.copy_(self.meta, non_blocking=True)
-        read = None
-        if self.meta.device.type == "cuda":
-            read = torch.cuda.Event()
-            read.record()
+        if self.read is not None:
+            self.read.record()
         timer.mark("draft")
         self.queued = self.draft(self.meta, self.aux)  # the next cycle's draft, queued before this cycle is read
         self.start = m - 1
-        if read is not None:
-            read.synchronize()
+        if self.read is not None:
+            self.read.synchronize()
         vals = self.out.tolist()  # meta: [k, ..., ids: accepted tokens (k), bonus, ...]
         k = vals[0]
         new = vals[2 + rows:3 + rows + k]
