@@ -8,6 +8,7 @@ sides, exit 2 from the runbook, and the checkpoint folder as it was.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 
 from eaglekb.data.generation import load_target
 from eaglekb.io.errors import EaglekbError, Incompatible, IntegrityError, MissingFile
-from eaglekb.io.pieces import sha256_file
+from eaglekb.io.pieces import check, sha256_file
 from eaglekb.formats.mapping import build_mapping, save_mapping
 from eaglekb.training.checkpoints import changed_setting, list_checkpoints
 from eaglekb.training.loop import train
@@ -205,12 +206,8 @@ def _refuse_other_mapping(data, tmp_path, root):
 
 def test_committed_checkpoints_are_whole_and_name_their_run():
     """A run that outlives its sessions keeps its checkpoint in pieces under checkpoints/ (a resumed session deals them
-    into its carries): every piece as its manifest hashes it, and the checkpoint names the step and drafter of the
-    training record that brought it back."""
-    import json
-
-    from eaglekb.io.pieces import check
-
+    into its carries): every piece as its manifest hashes it, and the checkpoint's step is the last step of a training
+    record of its run."""
     root = Path(__file__).resolve().parents[2]
     found = sorted(root.glob("checkpoints/*/step-*/*.checkpoint.json"))
     assert found or not (root / "checkpoints").exists()
