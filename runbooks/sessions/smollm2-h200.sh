@@ -26,7 +26,6 @@ SLICE=${SLICE:-$S/4} SAMPLES=${SAMPLES:-0.6,0.9,1.2} DATA=${DATA:-.eaglekb/datas
 DREC=${DREC:-smollm2-$ID$L-h200}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 560 ))}
 left() { echo $(( DEADLINE - $(date +%s) )); }
-mkdir -p /tmp/carry "$LOGS" "$OUT"
 [ -f "$REPO/.commit" ] && export EAGLEKB_GIT_COMMIT=$(cat "$REPO/.commit") EAGLEKB_GIT_DIRTY=0
 # every shipped training corpus, the same in every session (85,774 prompts; --slice deals them out by item)
 MIX=(--corpus wiki-instruct:3 --corpus chitchat-multi:6 --corpus gsm8k-instruct:10 --corpus gsm8k-code:6
@@ -77,6 +76,7 @@ case "$stage" in
     (cd .aside && find . -type f | while read -r f; do mkdir -p "../$(dirname "$f")" && mv "$f" "../$f"; done) \
       && rm -rf .aside && git status --short | head; exit 0 ;;
 esac
+mkdir -p /tmp/carry "$LOGS" "$OUT"  # the GPU machine's folders (not for the stages here)
 if [ "$stage" = carry ]; then
   if [ -d .frozen ] && [ ! -d "$REPO" ]; then cp -a .frozen "$REPO" && touch "$REPO/.exported"; fi
   if [ -d .whl ] && [ ! -d /tmp/site/invoke ]; then
