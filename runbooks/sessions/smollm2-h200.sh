@@ -172,10 +172,12 @@ split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name=
     echo "${#parts[@]} state pieces; back: $(ls "$OUT" | wc -l) files, $(du -cb "$OUT"/* | tail -1 | cut -f1) bytes" ;;
   bench)  # the fused tree against the chains, the committed default (goal: spec_s4_k4_n16 draft <= 0.5 ms); the
     # record names the session (r5's is h200-smollm2-default-r4-fused-tree, the bookkeeping before its tables);
-    # BENCH_DRAFTER another drafter folder (session 3: the finished run's, with its own BENCH_REC)
+    # BENCH_DRAFTER another drafter folder (session 3: the finished run's, with its own BENCH_REC); BENCH_SWEEP,
+    # BENCH_PEERS ('' for none) and BENCH_GRAPHS a shorter bench (session 2: the fused tree's change timed early)
     t=$(( $(left) < ${1:-240} ? $(left) : ${1:-240} )); echo "bench: $t s"
-    timeout "$t" invoke bench --device cuda --dtype bfloat16 --graphs both --profile --num-prompts 4 \
-      --max-new-tokens 128 --repeats 3 --sweep '4,4,16;3,1;4,1;5,1;3,4,8' --peers hf_static_compile \
+    timeout "$t" invoke bench --device cuda --dtype bfloat16 --graphs ${BENCH_GRAPHS:-both} --profile --num-prompts 4 \
+      --max-new-tokens 128 --repeats 3 --sweep "${BENCH_SWEEP:-4,4,16;3,1;4,1;5,1;3,4,8}" \
+      --peers "${BENCH_PEERS-hf_static_compile}" \
       ${BENCH_DRAFTER:+--drafter $BENCH_DRAFTER} \
       --record ${BENCH_REC:-h200-smollm2-default-r4-fused-$ID-s$S} > "$LOGS/bench.log" 2>&1 || echo "bench FAILED"
     quiet "$LOGS/bench.log" | tail -${LINES_BENCH:-14}; bundle bench ;;
