@@ -185,9 +185,9 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     end=$((SECONDS + ${1:-540}))
     while kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && [ $SECONDS -lt $end ] && [ "$(left)" -gt 0 ]; do sleep 3; done
     quiet "$LOGS/train.log" | tail -8; bar "$LOGS/train.log"
-    if [ -f baselines/finetune/smollm2-$ID-s$S.json ]; then echo "training done"; back 1
-    elif kill -0 "$(cat /tmp/train.pid)" 2>/dev/null; then echo "still training"; send_drafter "$(newest)" ckpt
-    else echo "training STOPPED, no record"; send_drafter "$(newest)" ckpt; fi ;;
+    if [ -f baselines/finetune/smollm2-$ID-s$S.json ]; then echo "training done"; back 1; else
+      kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && echo "still training" || echo "training STOPPED, no record"
+      send_drafter "$(newest)" ckpt; fi ;;
   back) back "${1:?1, 2 or 3}" ;;
   bench)  # the fused tree against the chains, the committed default (goal: spec_s4_k4_n16 draft <= 0.5 ms); the
     # record names the session (r5's is h200-smollm2-default-r4-fused-tree, the bookkeeping before its tables);
