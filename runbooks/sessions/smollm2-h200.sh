@@ -168,12 +168,12 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     # STOP_BY (epoch seconds): the steps end by then, less 80 s of setup, so the stop (the last save, the pieces)
     # and `back 1` fall inside the call that waits for it, not in a next call that may never come
     if [ -n "${STOP_BY:-}" ]; then by=$(( STOP_BY - $(date +%s) - 80 )); [ "$by" -lt "$TRAIN_S" ] && TRAIN_S=$by; fi
-    # session 1 starts from INIT (a drafter folder; r6: the committed default, a warm start, F09), later ones
-    # resume from the pieces the session before brought back; --init is part of the run's settings, so every
-    # session names it (a resumed run takes its weights from the checkpoint, not from INIT)
     # a training too short to pass its setup is not started (r6 session 2's second try: STOP_BY at the end of the
     # call that also waited for the datagen left 24 s, 87 steps)
     [ "$TRAIN_S" -ge "${MIN_TRAIN_S:-120}" ] || { echo "training not started: $TRAIN_S s left (MIN_TRAIN_S ${MIN_TRAIN_S:-120})"; exit 0; }
+    # session 1 starts from INIT (a drafter folder; r6: the committed default, a warm start, F09), later ones
+    # resume from the pieces the session before brought back; --init is part of the run's settings, so every
+    # session names it (a resumed run takes its weights from the checkpoint, not from INIT)
     res=(); [ "$S" != 1 ] && res=(--resume-from $PIN --new-data)
     [ -n "${INIT:-}" ] && res+=(--init "$INIT")
     echo "$STEPS $B" > .eaglekb/$ID-schedule; echo "schedule: $STEPS steps of $B, ${TRAIN_S:?TRAIN_S} s this session"
