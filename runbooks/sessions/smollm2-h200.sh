@@ -27,6 +27,9 @@ SLICE=${SLICE:-$S/4} SAMPLES=${SAMPLES:-0.6,0.9,1.2} DATA=${DATA:-.eaglekb/datas
 # so its datagen record gets a new name (TRY=2: smollm2-r6b2-h200); the training's record is written only by a
 # try whose training ends inside a call
 DREC=${DREC:-smollm2-$ID$L${TRY:-}-h200}
+# SS names a session's other records and pieces: s2, or from TRY=3 on s2t3 (the second try of session 2 wrote
+# smollm2-r6-s2, so its third may not record under that name again)
+SS=s$S; [ "${TRY:-1}" -ge 3 ] && SS=s${S}t$TRY
 DEADLINE=${DEADLINE:-$(( $(date +%s) + 560 ))}
 left() { echo $(( DEADLINE - $(date +%s) )); }
 [ -f "$REPO/.commit" ] && export EAGLEKB_GIT_COMMIT=$(cat "$REPO/.commit") EAGLEKB_GIT_DIRTY=0
@@ -97,7 +100,7 @@ send_drafter() {  # a checkpoint folder's drafter into $OUT: model.safetensors i
   local D=$1 name
   [ -n "$D" ] && [ -f "$D/model.safetensors" ] || { echo "no checkpoint to send"; return 0; }
   [ "$(cat /tmp/sent-drafter 2>/dev/null)" = "$D" ] && { echo "$D: sent already"; return 0; }
-  name=$ID-s$S-${2:-drafter}-$(basename "$D"); rm -rf /tmp/drafter-pieces
+  name=$ID-$SS-${2:-drafter}-$(basename "$D"); rm -rf /tmp/drafter-pieces
   python3 -c "from pathlib import Path; from eaglekb.io.pieces import split; \
 split(Path('$D/model.safetensors'), Path('/tmp/drafter-pieces'), 13 << 20, name='$name')"
   cp "$D/config.json" /tmp/drafter-pieces/$name.config.json
@@ -109,7 +112,7 @@ back() {  # 1: a tar of the small files, the newest checkpoint's drafter (send_d
   parts=($(ls $RUN/pieces/*.state.safetensors.part* 2>/dev/null | sort))
   case $1 in
     1) send_drafter "$(newest)" drafter
-       tar -cf "$OUT/small-$ID-s$S.tar" $(find baselines -newer .exported -name '*.json') $RUN/pieces/*.json \
+       tar -cf "$OUT/small-$ID-$SS.tar" $(find baselines -newer .exported -name '*.json') $RUN/pieces/*.json \
          $RUN/metrics.json -C "$LOGS" . 2>/dev/null || true
        sel=("${parts[@]:0:2}") ;;
     2) sel=("${parts[@]:2:4}") ;;
@@ -180,7 +183,7 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     setsid nohup invoke finetune --data $DATA "${SHAPE[@]}" --batch-size $B "${SCHED[@]}" --steps $STEPS \
       --save-every ${EVERY:-1000} --eval-every ${EVERY:-1000} ${LOSS_CHUNK:+--loss-chunk $LOSS_CHUNK} --profile --out $RUN \
       "${res[@]}" --time-budget-s $TRAIN_S \
-      --pieces-out $RUN/pieces --piece-mib 15 --record smollm2-$ID-s$S > "$LOGS/train.log" 2>&1 < /dev/null &
+      --pieces-out $RUN/pieces --piece-mib 15 --record smollm2-$ID-$SS > "$LOGS/train.log" 2>&1 < /dev/null &
     echo $! > /tmp/train.pid; echo "training started (pid $!)" ;;
   wait-train)  # until the training stops or DEADLINE; then, in the same call, `back 1` if it stopped, else the
     # newest checkpoint's drafter (unless a call brought it already): a call that never comes loses the trainer
@@ -188,7 +191,7 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
     end=$((SECONDS + ${1:-540}))
     while kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && [ $SECONDS -lt $end ] && [ "$(left)" -gt 0 ]; do sleep 3; done
     quiet "$LOGS/train.log" | tail -8; bar "$LOGS/train.log"
-    if [ -f baselines/finetune/smollm2-$ID-s$S.json ]; then echo "training done"; back 1; else
+    if [ -f baselines/finetune/smollm2-$ID-$SS.json ]; then echo "training done"; back 1; else
       kill -0 "$(cat /tmp/train.pid)" 2>/dev/null && echo "still training" || echo "training STOPPED, no record"
       send_drafter "$(newest)" ckpt; fi ;;
   back) back "${1:?1, 2 or 3}" ;;
@@ -201,14 +204,14 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
       --max-new-tokens 128 --repeats 3 --sweep "${BENCH_SWEEP:-4,4,16;3,1;4,1;5,1;3,4,8}" \
       --peers "${BENCH_PEERS-hf_static_compile}" \
       ${BENCH_DRAFTER:+--drafter $BENCH_DRAFTER} \
-      --record ${BENCH_REC:-h200-smollm2-default-r4-fused-$ID-s$S} > "$LOGS/bench.log" 2>&1 || echo "bench FAILED"
+      --record ${BENCH_REC:-h200-smollm2-default-r4-fused-$ID-$SS} > "$LOGS/bench.log" 2>&1 || echo "bench FAILED"
     quiet "$LOGS/bench.log" | tail -${LINES_BENCH:-14}; bundle bench ;;
   probe)  # the newest checkpoint (or the finished drafter) on word problems
     D=$(drafter); echo "drafter: $D"
     for p in ${SETS:-gsm8k-eval}; do
       [ "$(left)" -gt 50 ] || { echo "probe $p skipped: $(left) s left"; continue; }
       timeout $(( $(left) < 150 ? $(left) : 150 )) invoke probe --device $DEVICE --dtype ${PROBE_DTYPE:-bfloat16} --num-prompts 8 \
-        --max-new-tokens 128 --prompts $p --drafter $D --record h200-smollm2-$ID-s$S-$p > "$LOGS/probe-$p.log" 2>&1 \
+        --max-new-tokens 128 --prompts $p --drafter $D --record h200-smollm2-$ID-$SS-$p > "$LOGS/probe-$p.log" 2>&1 \
         || echo "probe $p FAILED"; quiet "$LOGS/probe-$p.log" | tail -4; done; bundle probe ;;
   tests)  # the CUDA tests on tiny models
     timeout $(( $(left) < 200 ? $(left) : 200 )) python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py tests/data/test_online_features.py \
