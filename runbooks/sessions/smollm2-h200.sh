@@ -73,6 +73,10 @@ case "$stage" in
     rm -rf .frozen && mkdir .frozen && git archive HEAD | tar -x -C .frozen --exclude='drafters/*/model.safetensors' \
       --exclude='checkpoints/*' && git rev-parse HEAD > .frozen/.commit
     [ -n "${1:-}" ] && deal "$1"
+    # a session without a checkpoint (the bench of a finished run): the run's committed drafter beside the target's
+    # last piece in c3 (31 + 23 MiB); stage carry puts it back into the export
+    if [ -z "${1:-}" ] && [ -f drafters/smollm2-135m-$ID/model.safetensors ]; then
+      cp drafters/smollm2-135m-$ID/model.safetensors .carry/smollm2/c3/$ID-model.safetensors; fi
     mkdir -p .aside && for f in drafters/*/model.safetensors checkpoints; do
       [ -e "$f" ] && mkdir -p ".aside/$(dirname "$f")" && mv "$f" ".aside/$f"; done
     echo "export of $(cat .frozen/.commit | cut -c1-12); the working tree without weights: $(du -sh --exclude=.git \
@@ -90,6 +94,8 @@ if [ "$stage" = carry ]; then
   cp .carry/smollm2/*/*.part* .carry/smollm2/*/*.sha256 /tmp/carry/ 2>/dev/null || true
   if [ -f .carry/smollm2/c2/default-model.safetensors ]; then  # the committed default, moved aside to fit the 64 MiB
     cp .carry/smollm2/c2/default-model.safetensors "$REPO/drafters/smollm2-135m-default/model.safetensors"; fi
+  for f in .carry/smollm2/c3/*-model.safetensors; do  # a finished run's drafter (stage here, without a checkpoint)
+    [ -f "$f" ] && cp "$f" "$REPO/drafters/smollm2-135m-$(basename "$f" -model.safetensors)/model.safetensors"; done
   if ls .carry/smollm2/*/ckpt/* > /dev/null 2>&1; then mkdir -p "$REPO/$PIN" && cp .carry/smollm2/*/ckpt/* "$REPO/$PIN/"; fi
   ls /tmp/carry | tr '\n' ' '; echo; df -h /tmp | tail -1; exit 0
 fi
@@ -206,8 +212,8 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
       ${BENCH_DRAFTER:+--drafter $BENCH_DRAFTER} \
       --record ${BENCH_REC:-h200-smollm2-default-r4-fused-$ID-$SS} > "$LOGS/bench.log" 2>&1 || echo "bench FAILED"
     quiet "$LOGS/bench.log" | tail -${LINES_BENCH:-14}; bundle bench ;;
-  probe)  # the newest checkpoint (or the finished drafter) on word problems
-    D=$(drafter); echo "drafter: $D"
+  probe)  # the newest checkpoint (or the finished drafter, or PROBE_DRAFTER: a committed one) on word problems
+    D=${PROBE_DRAFTER:-$(drafter)}; echo "drafter: $D"
     for p in ${SETS:-gsm8k-eval}; do
       [ "$(left)" -gt 50 ] || { echo "probe $p skipped: $(left) s left"; continue; }
       timeout $(( $(left) < 150 ? $(left) : 150 )) invoke probe --device $DEVICE --dtype ${PROBE_DTYPE:-bfloat16} --num-prompts 8 \
