@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import math
 import os
 import shutil
 import subprocess
@@ -115,3 +116,30 @@ def git_env(**extra: str) -> dict[str, str]:
     return build_env(**extra, GIT_AUTHOR_NAME="eaglekb tests", GIT_AUTHOR_EMAIL="tests@eaglekb.invalid",
                      GIT_COMMITTER_NAME="eaglekb tests", GIT_COMMITTER_EMAIL="tests@eaglekb.invalid",
                      GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+
+
+def _flat(tree: dict, prefix: str = "") -> Iterator[tuple[str, object]]:
+    for key, value in sorted(tree.items()):
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _as_number(text: str) -> float | bool:
+    text = text.strip()
+    if text in ("True", "False"):
+        return text == "True"
+    return float(text.replace(",", ""))
+
+
+def check_metrics_table(rel: str, metrics: dict, shown: dict[str, str]) -> None:
+    """Every metric of a baseline's JSON is a row of its page's first table, with the JSON's value."""
+    for metric, value in _flat(metrics):
+        assert metric in shown, f"{rel}: metric {metric} not in the rendered table ({sorted(shown)})"
+        got = _as_number(shown[metric])
+        if isinstance(value, bool):
+            assert got == value, f"{rel}: {metric} shows {shown[metric]!r}, the JSON has {value}"
+        else:
+            assert math.isclose(got, value, rel_tol=1e-3, abs_tol=1e-4), \
+                f"{rel}: {metric} shows {shown[metric]!r}, the JSON has {value}"

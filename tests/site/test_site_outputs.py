@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from eaglekb.training import remap
-from helpers.site import ROOT
+from helpers.site import ROOT, check_metrics_table
 
 
 def _text(page: Path) -> str:
@@ -79,6 +79,20 @@ def test_every_baseline_file_is_published_beside_its_page(site):
         assert (site / rel).read_bytes() == path.read_bytes(), rel
         page = (site / rel[: -len(".json")] / "index.html").read_text(encoding="utf-8")
         assert f'href="../{path.name}"' in page, rel
+
+
+def test_every_baseline_page_tables_the_numbers_in_its_json(site):
+    """The first table of each baseline's page (its metrics) shows every metric with the JSON's value; the browser
+    test reads one page of each kind the same way through chromium."""
+    for path in sorted((ROOT / "baselines").glob("*/*.json")):
+        rel = path.relative_to(ROOT / "baselines").with_suffix("").as_posix()
+        page = (site / "baselines" / rel / "index.html").read_text(encoding="utf-8")
+        article = page[page.index("<article"):]
+        table = article[article.index("<table"):article.index("</table>")]
+        parser = _Rows()
+        parser.feed(table)
+        shown = {html.unescape(r[0]).strip(): html.unescape(r[1]) for r in parser.rows if len(r) >= 2}
+        check_metrics_table(rel, json.loads(path.read_text())["metrics"], shown)
 
 
 def test_unversioned_build_asks_for_no_versions_file(site):
