@@ -92,9 +92,9 @@ if [ "$stage" = carry ]; then
   if [ -d .whl ] && [ ! -d /tmp/site/invoke ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl; fi
   cp .carry/smollm2/*/*.part* .carry/smollm2/*/*.sha256 /tmp/carry/ 2>/dev/null || true
-  if [ -f .carry/smollm2/c2/default-model.safetensors ]; then  # the committed default, moved aside to fit the 64 MiB
-    cp .carry/smollm2/c2/default-model.safetensors "$REPO/drafters/smollm2-135m-default/model.safetensors"; fi
-  for f in .carry/smollm2/c3/*-model.safetensors; do  # a finished run's drafter (stage here, without a checkpoint)
+  # committed drafters' weights, moved aside by stage here to fit the 64 MiB: NAME-model.safetensors in any chunk
+  # folder goes back to drafters/smollm2-135m-NAME (c2: the default; c3: a finished run's, without a checkpoint)
+  for f in .carry/smollm2/*/*-model.safetensors; do
     [ -f "$f" ] && cp "$f" "$REPO/drafters/smollm2-135m-$(basename "$f" -model.safetensors)/model.safetensors"; done
   if ls .carry/smollm2/*/ckpt/* > /dev/null 2>&1; then mkdir -p "$REPO/$PIN" && cp .carry/smollm2/*/ckpt/* "$REPO/$PIN/"; fi
   ls /tmp/carry | tr '\n' ' '; echo; df -h /tmp | tail -1; exit 0
