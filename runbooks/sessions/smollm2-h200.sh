@@ -204,9 +204,11 @@ print(min(22210 * 64 // b, int(0.9 * 1500 * 1000 / r[b]['profile']['step_ms']) /
   bench)  # the fused tree against the chains, the committed default (goal: spec_s4_k4_n16 draft <= 0.5 ms); the
     # record names the session (r5's is h200-smollm2-default-r4-fused-tree, the bookkeeping before its tables);
     # BENCH_DRAFTER another drafter folder (session 3: the finished run's, with its own BENCH_REC); BENCH_SWEEP,
-    # BENCH_PEERS ('' for none) and BENCH_GRAPHS a shorter bench (session 2: the fused tree's change timed early)
+    # BENCH_PEERS ('' for none) and BENCH_GRAPHS a shorter bench (session 2: the fused tree's change timed early);
+    # BENCH_PROMPTS and BENCH_N another prompt set (session 4: the 8 built-in chat and word-problem prompts)
     t=$(( $(left) < ${1:-240} ? $(left) : ${1:-240} )); echo "bench: $t s"
-    timeout "$t" invoke bench --device cuda --dtype bfloat16 --graphs ${BENCH_GRAPHS:-both} --profile --num-prompts 4 \
+    timeout "$t" invoke bench --device cuda --dtype bfloat16 --graphs ${BENCH_GRAPHS:-both} --profile \
+      ${BENCH_PROMPTS:+--prompts $BENCH_PROMPTS} --num-prompts ${BENCH_N:-4} \
       --max-new-tokens 128 --repeats 3 --sweep "${BENCH_SWEEP:-4,4,16;3,1;4,1;5,1;3,4,8}" \
       --peers "${BENCH_PEERS-hf_static_compile}" \
       ${BENCH_DRAFTER:+--drafter $BENCH_DRAFTER} \
