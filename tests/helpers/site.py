@@ -6,6 +6,7 @@ hands it to every module that asks.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import http.server
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -32,12 +34,14 @@ def build_env(**extra: str) -> dict[str, str]:
 
 
 def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`mkdocs build --strict` of this checkout into a session temp folder, once per session."""
+    """`mkdocs build --strict` of this checkout into a session temp folder, once per session (its plots
+    drawn as in any build and kept for the builds of copies: ``_PLOT_MEMO_CLI``)."""
     if "site" not in _BUILT:
         out = tmp_path_factory.mktemp("site")
         proc = subprocess.run(
-            [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
-            cwd=ROOT, capture_output=True, text=True, env=build_env(EAGLEKB_ROOT=str(ROOT)), timeout=300,
+            [sys.executable, "-c", _PLOT_MEMO_CLI, "build", "--strict", "-d", str(out)],
+            cwd=ROOT, capture_output=True, text=True,
+            env=build_env(EAGLEKB_ROOT=str(ROOT), EAGLEKB_TEST_PLOT_CACHE=str(_plot_cache())), timeout=300,
         )
         assert proc.returncode == 0, "strict site build failed:\n" + (proc.stderr + proc.stdout)[-3000:]
         _BUILT["site"] = out
@@ -53,10 +57,71 @@ def copy_site(dst: Path) -> Path:
     return dst
 
 
+#: The mkdocs command line with the site's plots memoised on disk (run with ``python -c``). Drawing the SVG
+#: plots of every baseline with matplotlib is most of a build's time (about 20 s of 25 s before the first
+#: page), and every copy of the checkout draws the same ones. The plot functions of the copy's own library
+#: (the module its hooks import: same path, put first as they do) are wrapped: a plot is drawn by the real
+#: function the first time and read back as those bytes afterwards, keyed by the function, its arguments
+#: (each baseline's whole JSON) and the copy's library source. A baseline a test plants or edits is a new
+#: key, so it is drawn. Everything else is the unchanged `mkdocs build`; its output is the same bytes.
+_PLOT_MEMO_CLI = r"""
+import functools, hashlib, json, os, sys
+from pathlib import Path
+
+root = Path(os.environ["EAGLEKB_ROOT"])
+sys.path.insert(0, str(root / "src"))
+from eaglekb.kb import render
+
+cache = Path(os.environ["EAGLEKB_TEST_PLOT_CACHE"])
+code = hashlib.sha256(b"".join(p.read_bytes() for p in sorted((root / "src/eaglekb").rglob("*.py")))).hexdigest()
+
+
+def _arg(a):
+    if isinstance(a, (list, tuple)):
+        return [_arg(x) for x in a]
+    return a.model_dump_json() if hasattr(a, "model_dump_json") else repr(a)
+
+
+def _memo(fn):
+    @functools.wraps(fn)
+    def drawn(*args, **kwargs):
+        key = json.dumps([code, fn.__name__, _arg(args), sorted((k, _arg(v)) for k, v in kwargs.items())])
+        path = cache / (hashlib.sha256(key.encode()).hexdigest() + ".svg")
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        svg = fn(*args, **kwargs)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(svg, encoding="utf-8")
+        os.replace(tmp, path)
+        return svg
+    return drawn
+
+
+for name in ("series_svg", "viability_svg", "overlay_svg"):
+    setattr(render, name, _memo(getattr(render, name)))
+
+from mkdocs.__main__ import cli
+
+cli(prog_name="mkdocs")
+"""
+_PLOT_CACHE: list[Path] = []
+
+
+def _plot_cache() -> Path:
+    """One folder of memoised plots per test session (removed at exit)."""
+    if not _PLOT_CACHE:
+        folder = Path(tempfile.mkdtemp(prefix="eaglekb-test-plots-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        _PLOT_CACHE.append(folder)
+    return _PLOT_CACHE[0]
+
+
 def build_copy(root: Path, site: Path) -> subprocess.CompletedProcess:
-    """`mkdocs build --strict` of a copy made by ``copy_site`` (its own EAGLEKB_ROOT) into SITE."""
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
-                          cwd=root, capture_output=True, text=True, env=build_env(EAGLEKB_ROOT=str(root)),
+    """`mkdocs build --strict` of a copy made by ``copy_site`` (its own EAGLEKB_ROOT) into SITE, its plots
+    memoised for the session (``_PLOT_MEMO_CLI``: the same output, drawn once per session)."""
+    return subprocess.run([sys.executable, "-c", _PLOT_MEMO_CLI, "build", "--strict", "-d", str(site)],
+                          cwd=root, capture_output=True, text=True,
+                          env=build_env(EAGLEKB_ROOT=str(root), EAGLEKB_TEST_PLOT_CACHE=str(_plot_cache())),
                           timeout=600)
 
 

@@ -42,6 +42,17 @@ def test_round_trip_is_canonical(root):
     assert bl.check_all(root) == (["bench/demo"], [])
 
 
+def test_the_host_load_is_recorded_and_older_results_without_it_stay_canonical(root, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.504, 1.0, 0.25))
+    data = json.loads(bl.write(make(root), root).read_text())
+    assert data["provenance"]["host"]["load_avg"] == [2.5, 1.0, 0.25]
+    older = make(root, name="older")
+    data = older.model_dump(mode="json")
+    data["provenance"]["host"].pop("load_avg")
+    again = bl.dumps(bl.Baseline.model_validate(data))
+    assert "load_avg" not in again and again == bl.dumps(bl.Baseline.model_validate(json.loads(again)))
+
+
 def test_provenance_records_selected_env(root, monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
     monkeypatch.setenv("UNRELATED_SECRET", "x")

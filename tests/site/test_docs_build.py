@@ -106,21 +106,13 @@ def test_bad_reference_fails_build_with_one_line(tmp_path, edit, fragment):
     assert "Traceback" not in proc.stderr
 
 
-def test_a_new_finding_joins_the_navigation_and_llms_txt(tmp_path):
-    """Findings F13 and later (written by others) need no nav edit: the build lists every findings/F*.md."""
-    def add(root):
-        src = (root / "docs/findings/F02-chain-ceiling.md").read_text()
-        (root / "docs/findings/F99-a-new-finding.md").write_text(
-            src.replace("id: F02-chain-ceiling", "id: F99-a-new-finding").replace(
-                "title: ", "title: A new finding, ", 1))
-        for page in (root / "docs").rglob("*.md"):  # the notebook is left out of this build: so are links to it
-            text = page.read_text()
-            if "viability.ipynb" in text:
-                page.write_text(re.sub(r"\]\([./]*notebooks/viability\.ipynb\)", "](../index.md)", text))
-
-    proc = _broken(tmp_path, add)
+def test_a_new_finding_joins_the_navigation_and_llms_txt(planted_site):
+    """Findings F13 and later (written by others) need no nav edit: the build lists every findings/F*.md.
+    (The build of a copy holding F99, helpers.planted.add_finding; it also holds test_site_escaping's baselines.)"""
+    assert planted_site.finding.is_file() and "id: F99-a-new-finding" in planted_site.finding.read_text()
+    proc = planted_site.proc
     assert proc.returncode == 0, proc.stderr[-3000:]
-    site = tmp_path / "site"
+    site = planted_site.site
     assert 'href="../F99-a-new-finding/"' in (site / "findings/F01-breakeven-not-one/index.html").read_text()
     llms = (site / "llms.txt").read_text()
     assert "](findings/F99-a-new-finding/index.md): **confirmed**" in llms

@@ -227,7 +227,8 @@ def dumps(baseline: Baseline) -> str:
     """Canonical text: sorted keys, 2-space indent, trailing newline; the optional fields that schema v2 added
     are left out where empty (a v1 file reads back as it was written)."""
     data = baseline.model_dump(mode="json")
-    for holder, key in ((data, "superseded_by"), (data["provenance"], "reproduce"), (data["provenance"], "inputs")):
+    for holder, key in ((data, "superseded_by"), (data["provenance"], "reproduce"), (data["provenance"], "inputs"),
+                        (data["provenance"]["host"], "load_avg")):
         if holder.get(key) is None:
             holder.pop(key, None)
     return stable_json(data)

@@ -163,8 +163,10 @@ def host_text(host: Any) -> str:
     cores = f"{host.cpu_count} cores" if host.cpu_count else "core count not recorded"
     cpu = f"{host.cpu} ({cores})" if host.cpu else f"{cores}, CPU model not recorded"
     gpus = ", ".join(str(g.get("name", "?")) for g in host.gpus[:16]) or "none"
+    load = (f"; load {' / '.join(f'{x:g}' for x in host.load_avg)} (1 / 5 / 15 min, the run's own threads included)"
+            if host.load_avg else "")
     return (f"{cpu}; GPUs: {gpus}" + (f"; driver {host.gpu_driver}" if host.gpu_driver else "")
-            + (f"; CUDA {host.cuda}" if host.cuda else ""))
+            + (f"; CUDA {host.cuda}" if host.cuda else "") + load)
 
 
 def measured_system(baseline: Baseline) -> str | None:

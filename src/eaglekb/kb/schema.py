@@ -106,6 +106,9 @@ class Host(StrictModel):
     machine: str | None = None
     cpu: str | None = None
     cpu_count: int | None = None
+    load_avg: list[float] | None = Field(None, min_length=3, max_length=3, description=(
+        "the 1, 5 and 15-minute load averages when the result was recorded, the run's own threads included "
+        "(absent in results recorded before it was captured)"))
     gpus: list[dict[str, Any]] = Field(default_factory=list)
     gpu_driver: str | None = None
     cuda: str | None = None

@@ -1,6 +1,6 @@
 """Provenance capture: where, when and how a number was produced.
 
-Owns: reading the git state, the host (CPU, GPUs, driver), package versions and
+Owns: reading the git state, the host (CPU, GPUs, driver, load average), package versions and
 selected environment variables into a plain dict that ``eaglekb.kb.schema``
 validates and ``eaglekb.kb.baselines`` stores; ``from_device_env`` builds the same
 dict for a run made on another machine; and identity by content (``content_identity``):
@@ -97,6 +97,15 @@ def gpu_state() -> dict[str, Any]:
     return {"gpus": gpus, "gpu_driver": driver, "cuda": cuda}
 
 
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages when the result is recorded (the run's own threads count in
+    them): a reader tells a quiet machine from a busy one; None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
 def host_state() -> dict[str, Any]:
     return {
         "hostname": platform.node(),
@@ -104,6 +113,7 @@ def host_state() -> dict[str, Any]:
         "machine": platform.machine(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "load_avg": load_average(),
         **gpu_state(),
     }
 
