@@ -38,11 +38,7 @@ def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     drawn as in any build and kept for the builds of copies: ``_PLOT_MEMO_CLI``)."""
     if "site" not in _BUILT:
         out = tmp_path_factory.mktemp("site")
-        proc = subprocess.run(
-            [sys.executable, "-c", _PLOT_MEMO_CLI, "build", "--strict", "-d", str(out)],
-            cwd=ROOT, capture_output=True, text=True,
-            env=build_env(EAGLEKB_ROOT=str(ROOT), EAGLEKB_TEST_PLOT_CACHE=str(_plot_cache())), timeout=300,
-        )
+        proc = build_copy(ROOT, out, timeout=300)
         assert proc.returncode == 0, "strict site build failed:\n" + (proc.stderr + proc.stdout)[-3000:]
         _BUILT["site"] = out
     return _BUILT["site"]
@@ -116,13 +112,14 @@ def _plot_cache() -> Path:
     return _PLOT_CACHE[0]
 
 
-def build_copy(root: Path, site: Path) -> subprocess.CompletedProcess:
-    """`mkdocs build --strict` of a copy made by ``copy_site`` (its own EAGLEKB_ROOT) into SITE, its plots
-    memoised for the session (``_PLOT_MEMO_CLI``: the same output, drawn once per session)."""
+def build_copy(root: Path, site: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`mkdocs build --strict` of ROOT (the checkout, or a copy made by ``copy_site``: its own EAGLEKB_ROOT)
+    into SITE, its plots memoised for the session (``_PLOT_MEMO_CLI``: the same output, drawn once per
+    session)."""
     return subprocess.run([sys.executable, "-c", _PLOT_MEMO_CLI, "build", "--strict", "-d", str(site)],
                           cwd=root, capture_output=True, text=True,
                           env=build_env(EAGLEKB_ROOT=str(root), EAGLEKB_TEST_PLOT_CACHE=str(_plot_cache())),
-                          timeout=600)
+                          timeout=timeout)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
