@@ -136,7 +136,7 @@ def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval"
            concurrency="", json=False, record=None, compare=None):
     """Benchmark SGLang servers at batch 1 (and concurrency levels), optionally beside our engine, with parity."""
     with cli_errors():
-        from eaglekb.measure import sglang_bench as lib
+        from eaglekb.measure.sglang import bench as lib
 
         levels = [parse_int(v.strip(), "--concurrency", 1, 4096) for v in str(concurrency or "").split(",") if v.strip()]
         sets = [p.strip() for p in str(prompts).split(",") if p.strip()]

@@ -26,7 +26,7 @@ def pack(c, stack="sglang-0.5.17", out=".carry/sglang", wheels=None, piece_mib=5
     with cli_errors():
         from pathlib import Path
 
-        from eaglekb.measure.serving import pack as lib_pack
+        from eaglekb.measure.sglang.stack import pack as lib_pack
 
         doc = lib_pack(stack, Path(out), wheels_dir=Path(wheels) if wheels else None, piece_bytes=piece_mib * _MIB,
                        force=bool(force), progress=not json)
@@ -48,7 +48,7 @@ def install(c, pieces, target, force=False, json=False):
     with cli_errors():
         from pathlib import Path
 
-        from eaglekb.measure.serving import install as lib_install
+        from eaglekb.measure.sglang.stack import install as lib_install
 
         doc = lib_install(Path(pieces), Path(target), force=bool(force), progress=not json)
     emit(doc, (f"{doc['stack']} already installed in {target}" if doc["already_installed"] else
@@ -92,8 +92,8 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
         import shlex
         import sys
 
-        from eaglekb.measure.sglang import LaunchConfig
-        from eaglekb.measure.sglang_server import launch as lib_launch, wait_ready
+        from eaglekb.measure.sglang.config import LaunchConfig
+        from eaglekb.measure.sglang.server import launch as lib_launch, wait_ready
         from eaglekb.measure.setup import check_drafter_fits
 
         model = check_drafter_fits(target, drafter)
@@ -119,7 +119,7 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
 def stop(c, port=30000, json=False):
     """Stop the server invoke sglang.launch started on --port (SIGTERM to its process group, then SIGKILL)."""
     with cli_errors():
-        from eaglekb.measure.sglang_server import stop as lib_stop
+        from eaglekb.measure.sglang.server import stop as lib_stop
 
         doc = lib_stop(port)
     emit(doc, f"stopped pid {doc['pid']} on :{port}" if doc["was_running"] else
@@ -144,7 +144,7 @@ def profile(c, url="http://127.0.0.1:30000", target="smollm2-135m", prompts="gsm
             num_steps=40, out=".eaglekb/sglang/profile", json=False, record=None, compare=None):
     """Where SGLang's decode cycle goes at batch 1: its torch profiler, split into verify, draft, eager, idle."""
     with cli_errors():
-        from eaglekb.measure.sglang_bench import profile_split
+        from eaglekb.measure.sglang.bench import profile_split
 
         res = profile_split(url, target, prompts, max_new_tokens, num_steps, out)
         doc = {"metrics": res["metrics"], "config": res["config"]}

@@ -43,9 +43,9 @@ WORK = [
     ("eaglekb.models.random_copy", "random_copy"),
     ("runbooks.docs", "_strict_build"), ("runbooks.docs", "_run_mike"), ("runbooks.docs", "_become"),
     # the serving stack: packing and installing wheels, starting, stopping and profiling a server
-    ("eaglekb.measure.serving", "pack"), ("eaglekb.measure.serving", "install"),
-    ("eaglekb.measure.sglang_server", "launch"), ("eaglekb.measure.sglang_server", "stop"),
-    ("eaglekb.measure.sglang_bench", "run"), ("eaglekb.measure.sglang_bench", "profile_split"),
+    ("eaglekb.measure.sglang.stack", "pack"), ("eaglekb.measure.sglang.stack", "install"),
+    ("eaglekb.measure.sglang.server", "launch"), ("eaglekb.measure.sglang.server", "stop"),
+    ("eaglekb.measure.sglang.bench", "run"), ("eaglekb.measure.sglang.bench", "profile_split"),
 ]
 #: Process replacement: a task that would exec a server must never replace the test process.
 EXECS = ("execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe")

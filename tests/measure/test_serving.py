@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
-from eaglekb.measure.serving import STAMP, install, pack, read_stack
+from eaglekb.measure.sglang.stack import STAMP, install, pack, read_stack
 
 
 def fake_wheel(folder: Path, name: str, version: str, payload: str) -> Path:

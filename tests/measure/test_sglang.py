@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from eaglekb.io.errors import BadInput, SchemaError, Unavailable
-from eaglekb.measure.sglang import LaunchConfig, launch_command
-from eaglekb.measure.sglang_bench import _sglang_method, method_metrics, passes
+from eaglekb.measure.sglang.config import LaunchConfig, launch_command
+from eaglekb.measure.sglang.bench import _sglang_method, method_metrics, passes
 from eaglekb.models.server import SGLangClient, parse_generate
 
 

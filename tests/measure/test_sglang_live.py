@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from eaglekb.io.errors import BadInput, Incompatible, Unavailable
-from eaglekb.measure import sglang_bench, sglang_trace
-from eaglekb.measure.sglang import LaunchConfig
-from eaglekb.measure.sglang_server import launch, stop, wait_ready
+from eaglekb.measure.sglang import bench as sglang_bench, trace as sglang_trace
+from eaglekb.measure.sglang.config import LaunchConfig
+from eaglekb.measure.sglang.server import launch, stop, wait_ready
 from helpers.sglang_stub import decode_trace as _trace, serve, stub_package
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

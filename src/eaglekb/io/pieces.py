@@ -12,7 +12,7 @@ Owns, once for the project:
   line naming it), then the whole written atomically (temp file, rename) and its hash checked before
   the rename, so a bad join leaves nothing behind.
 
-Used for the serving stack's wheel set (``eaglekb.measure.serving``), training checkpoints brought
+Used for the serving stack's wheel set (``eaglekb.measure.sglang.stack``), training checkpoints brought
 back from machines that return a few MiB a file, and model chunk packages. Knows nothing about what the
 files hold.
 """

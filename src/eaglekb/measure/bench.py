@@ -24,7 +24,7 @@ timed eager and graphed (the investigation's F04: verify without graphs).
 
 The report names the fastest sweep point on the measured machine (``metrics.best``:
 steps, topk, draft tokens) and the SGLang server flags that serve that point
-(``eaglekb.measure.sglang.launch_command``), so a user serves what was measured; when
+(``eaglekb.measure.sglang.config.launch_command``), so a user serves what was measured; when
 no point beats plain decoding it says so and gives the plain server command.
 
 Knows nothing about the task runner; ``runbooks/bench.py`` calls ``run``.
@@ -39,7 +39,7 @@ import torch
 
 from eaglekb.data.prompts import eval_prompts
 from eaglekb.measure import setup as runsetup
-from eaglekb.measure.sglang import LaunchConfig, command_line, launch_command
+from eaglekb.measure.sglang.config import LaunchConfig, command_line, launch_command
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.timing import PhaseTimer, stats, wall
 from eaglekb.engine.profile import profile_engine

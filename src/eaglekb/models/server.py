@@ -11,7 +11,7 @@ endpoints the project uses:
   (``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``; with ``--enable-metrics``
   the server's own timestamps and decode rate), with the accept length as
   ``completion_tokens / spec_verify_ct`` (bonus included, SGLang's definition).
-  The SGLang bench backend (``eaglekb.measure.sglang``) times these.
+  The SGLang bench backend (``eaglekb.measure.sglang.bench``) times these.
 * ``/health`` (``ready``: 200 once the server has warmed up, 503 while it starts),
   ``/get_server_info`` (``server_info``), ``/flush_cache`` and the torch profiler's
   ``/start_profile`` (``start_profile``).

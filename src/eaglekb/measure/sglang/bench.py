@@ -34,9 +34,9 @@ from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.timing import PhaseTimer, stats, wall
 from eaglekb.io.errors import BadInput, Incompatible
 from eaglekb.measure import setup as runsetup
-from eaglekb.measure import sglang_trace
+from eaglekb.measure.sglang import trace as sglang_trace
 from eaglekb.measure.probe import near_tie
-from eaglekb.measure.sglang_server import summarize_info
+from eaglekb.measure.sglang.server import summarize_info
 from eaglekb.models import sources
 from eaglekb.models.server import Completion, SGLangClient
 

@@ -1,6 +1,6 @@
 """An SGLang server started and stopped by our tasks: launch, wait for health, server_info, stop by pid.
 
-Owns ``launch`` (``python -m sglang.launch_server`` built by ``eaglekb.measure.sglang.launch_command``,
+Owns ``launch`` (``python -m sglang.launch_server`` built by ``eaglekb.measure.sglang.config.launch_command``,
 run in its own process session so that it outlives the task that started it, its output in a log
 file, the serving stack's folder first on its ``PYTHONPATH`` only; a state file per port records the
 pid, command, log and server_info), ``wait_ready`` (``/health`` polled with a timeout and a progress
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from eaglekb.io.errors import BadInput, MissingFile, Unavailable, one_line
 from eaglekb.io.files import atomic_write_json, process_alive, read_json
-from eaglekb.measure.sglang import LaunchConfig, command_line, launch_command
+from eaglekb.measure.sglang.config import LaunchConfig, command_line, launch_command
 from eaglekb.models.server import SGLangClient
 
 #: where launch keeps a state file and a log per port (``EAGLEKB_SGLANG_STATE`` overrides: on a lent machine whose

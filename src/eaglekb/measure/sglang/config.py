@@ -4,9 +4,9 @@ Owns: ``LaunchConfig`` and ``launch_command`` (``python -m sglang.launch_server`
 ``--speculative-algorithm EAGLE3``, ``--speculative-draft-model-path``, ``--speculative-num-steps``,
 ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``, tensor parallelism and the rest).
 
-The server's life (launch, health, stop) is ``eaglekb.measure.sglang_server``; the protocol of
-``invoke bench.sglang`` (our engine beside the server, parity, concurrency) is ``eaglekb.measure.sglang_bench``;
-the cycle split from SGLang's profiler, ``sglang_trace``. Knows nothing about HTTP or the task runner.
+The server's life (launch, health, stop) is ``eaglekb.measure.sglang.server``; the protocol of
+``invoke bench.sglang`` (our engine beside the server, parity, concurrency) is ``eaglekb.measure.sglang.bench``;
+the cycle split from SGLang's profiler, ``eaglekb.measure.sglang.trace``. Knows nothing about HTTP or the task runner.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Owns:
   environment our own tasks use.
 
 Nothing is deleted that this module did not create: an existing target folder is kept unless it holds
-our stamp and ``force`` is given. Knows nothing about SGLang's flags (``eaglekb.measure.sglang``) or
+our stamp and ``force`` is given. Knows nothing about SGLang's flags (``eaglekb.measure.sglang.config``) or
 the task runner.
 """
 
