@@ -49,6 +49,7 @@ from runbooks._options import (  # noqa: F401  (the parsers are part of this mod
     OPTIONS,
     Opt,
     _found,
+    env_pairs,
     one_of,
     parse_floats,
     parse_int,

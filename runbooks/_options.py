@@ -172,3 +172,17 @@ def parse_int(value: Any, option: str, lo: int | None = None, hi: int | None = N
     if value in (None, ""):
         return None
     return whole(lo, hi)(value, option)
+
+
+def env_pairs(values, option: str) -> dict:
+    """KEY=VALUE options (repeatable) as a dict; one line for anything else."""
+    from eaglekb.io.errors import BadInput
+
+    out = {}
+    for v in values or []:
+        key, sep, val = str(v).partition("=")
+        if not sep or not key or not key.replace("_", "").isalnum() or not key[0].isalpha():
+            raise BadInput("not an environment setting", where=f"{option} {v}", expected="KEY=VALUE (e.g. "
+                           "SGLANG_ENABLE_SPEC_V2=1)", found=repr(str(v))[:80])
+        out[key] = val
+    return out

@@ -111,6 +111,19 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
     emit(doc, lib.render_text(report) + finish_text(doc), json)
 
 
+def _plan_record(name: str) -> dict:
+    """``plan/NAME`` (or NAME) as {"id", "metrics"}, its timings checked; one line when missing or not a plan."""
+    from eaglekb.io.errors import MissingFile
+    from eaglekb.kb import baselines
+    from eaglekb.measure.sglang.plan import check_plan
+
+    ref = "plan/" + str(name).removeprefix("plan/")
+    if not baselines.exists(ref):
+        raise MissingFile("no plan record of that name", where=f"--plan {name}", expected=f"baselines/{ref}.json",
+                          fix="record one before training: invoke plan.sglang --target TARGET --record NAME")
+    return {"id": ref, "metrics": check_plan(baselines.load_id(ref).metrics, f"--plan {name}")}
+
+
 @task(
     help={
         "url": "a running SGLang server (python -m sglang.launch_server ..., or invoke sglang.launch)",
@@ -126,6 +139,8 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
         "device": "with --engine: cuda[:N] (default cuda) or cpu",
         "dtype": "with --engine: bfloat16 (default), float16 or float32 (match the server's --dtype)",
         "concurrency": "comma list of simultaneous requests (e.g. 1,2,4,8,16,32,64) against --url and --plain-url",
+        "plan": "a plan.sglang record (plan/NAME, made before training): record the speedup it predicts from our "
+                "engine's accept length beside the measured one (needs --engine)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/bench/NAME.json",
         "compare": "compare with baselines/bench/NAME.json",
@@ -133,7 +148,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
 )
 def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
            repeats=3, warmup=1, target="smollm2-135m", engine=False, device="cuda", dtype="bfloat16",
-           concurrency="", json=False, record=None, compare=None):
+           concurrency="", plan=None, json=False, record=None, compare=None):
     """Benchmark SGLang servers at batch 1 (and concurrency levels), optionally beside our engine, with parity."""
     with cli_errors():
         from eaglekb.measure.sglang import bench as lib
@@ -142,7 +157,8 @@ def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval"
         sets = [p.strip() for p in str(prompts).split(",") if p.strip()]
         cfg = lib.SGLangBenchConfig(url=url, plain_url=plain_url, prompts=sets, num_prompts=num_prompts,
                                     max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, target=target,
-                                    engine=bool(engine), device=device, dtype=dtype, concurrency=levels)
+                                    engine=bool(engine), device=device, dtype=dtype, concurrency=levels,
+                                    plan=_plan_record(plan) if plan else None)
         report = lib.run(cfg, progress=not json)
         config = dict(report.config, prompts_manifest=report.manifests)
         doc = {"metrics": report.metrics, "config": config}

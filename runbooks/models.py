@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, task
+from runbooks._common import cli_errors, emit, env_pairs, finish, task
 
 
 # Invoke 3 has no optional positional arguments: NAME is required here, and plain
@@ -42,16 +42,34 @@ def default_target(c, install=True, json=False):
     prepare(c, DEFAULT_TARGET, install=install, json=json)
 
 
+def _overrides(values) -> dict:
+    """--set KEY=VALUE (repeatable) as config fields: whole numbers and decimals parsed, the rest kept as text."""
+    out = {}
+    for key, val in env_pairs(values, "--set").items():
+        for kind in (int, float):
+            try:
+                val = kind(val)
+                break
+            except ValueError:
+                continue
+        out[key] = val
+    return out
+
+
 @task(
+    iterable=["set"],
     help={
         "name": "embedded model or folder whose config and tokenizer to copy (default smollm2-135m)",
         "out": "new folder for the copy (must be empty or absent)",
         "seed": "torch seed of the weights (default 0)",
         "dtype": "weights' dtype: bfloat16 (default), float16 or float32",
+        "set": "KEY=VALUE: a config field changed, repeatable (another size of the same architecture, e.g. "
+               "--set hidden_size=3584 --set num_hidden_layers=28)",
+        "device": "where the weights are drawn: cpu (default) or cuda (seconds for billions of parameters)",
         "json": "print one JSON document as the last line",
     },
 )
-def random(c, out, name="smollm2-135m", seed="0", dtype="bfloat16", json=False):
+def random(c, out, name="smollm2-135m", seed="0", dtype="bfloat16", set=None, device="cpu", json=False):
     """A randomly initialised copy (same config and tokenizer, new weights): for plumbing checks and timings."""
     with cli_errors():
         from eaglekb.models.random_copy import random_copy
@@ -59,6 +77,7 @@ def random(c, out, name="smollm2-135m", seed="0", dtype="bfloat16", json=False):
         from runbooks._common import claim, parse_int
 
         claim(out, "--out", folder=True, what="model folder")  # new or empty only (no --force here)
-        doc = random_copy(name, out, seed=parse_int(seed, "--seed") or 0, dtype=dtype)
+        doc = random_copy(name, out, seed=parse_int(seed, "--seed") or 0, dtype=dtype, overrides=_overrides(set),
+                          device=device)
     emit(doc, f"random copy of {doc['source']} ({doc['parameters_count']:,} parameters, seed {doc['seed']}, "
               f"{doc['dtype']}) -> {doc['out']}", json)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eaglekb.measure import viability
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, task
+from runbooks._common import cli_errors, emit, finish, finish_text, env_pairs, parse_floats, parse_int, real, task, text, whole
 
 
 
@@ -47,3 +47,70 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
                           summary=viability.summary(report)))
     emit(doc, viability.render_text(report) + finish_text(doc), json)
 
+
+
+@task(
+    iterable=["env"],
+    help={
+        "target": "the served model: embedded name, Hugging Face repo id or folder (default smollm2-135m)",
+        "site": "the serving stack's folder (invoke sglang.install), put on the servers' PYTHONPATH only",
+        "url": "a running server with an untrained drafter (with --plain-url: nothing is launched)",
+        "plain_url": "a running plain server of the same target",
+        "drafter_out": "folder for the untrained drafter (default .eaglekb/plan/TARGET-untrained)",
+        "draft_vocab_size": "draft vocabulary of the drafter you will train (default 32768, capped at the target's)",
+        "steps": "--speculative-num-steps (default 3)",
+        "topk": "--speculative-eagle-topk (default 1)",
+        "draft_tokens": "--speculative-num-draft-tokens (default steps + 1 for a chain)",
+        "prompts": "builtin (default), gsm8k-eval, humaneval or a prompts file",
+        "num_prompts": "prompts timed (default 4)",
+        "max_new_tokens": "tokens per request, end-of-sequence ignored (default 128)",
+        "repeats": "timed passes (default 3)",
+        "port": "the plain server's port; the speculative one gets port + 1 (default 30100)",
+        "mem_fraction_static": "SGLang --mem-fraction-static for both servers (default: SGLang's)",
+        "max_total_tokens": "KV pool cap in tokens for both servers (lets them share one GPU)",
+        "cuda_graph_max_bs": "largest batch captured in CUDA graphs (default 8: batch 1 is what is timed)",
+        "extra": "more SGLang flags for both servers, as one quoted string",
+        "env": "KEY=VALUE for both server processes, repeatable (e.g. SGLANG_ENABLE_SPEC_V2=1)",
+        "timeout_s": "seconds to wait for each server's /health (default 900)",
+        "drafter_only": "write the untrained drafter, print how to serve it beside a plain server, time nothing",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/plan/NAME.json",
+        "compare": "compare with baselines/plan/NAME.json",
+    },
+    options={"draft_vocab_size": whole(1, 1 << 22), "steps": whole(1, 64), "topk": whole(1, 64),
+             "draft_tokens": whole(2, 1024), "num_prompts": whole(1, 1024), "max_new_tokens": whole(8, 1 << 16),
+             "repeats": whole(1, 100), "port": whole(1, 65534), "mem_fraction_static": real(above=0, hi=1),
+             "max_total_tokens": whole(1, 1 << 40), "cuda_graph_max_bs": whole(1, 1 << 16),
+             "timeout_s": whole(1, 86400), "extra": text},
+)
+def sglang(c, target="smollm2-135m", site=None, url=None, plain_url=None, drafter_out=None, draft_vocab_size=32768,
+           steps=3, topk=1, draft_tokens=None, prompts="builtin", num_prompts=4, max_new_tokens=128, repeats=3,
+           port=30100, mem_fraction_static=None, max_total_tokens=None, cuda_graph_max_bs=8, extra="", env=None,
+           timeout_s=900, drafter_only=False, json=False, record=None, compare=None):
+    """Break-even on SGLang before training: the plain step and the EAGLE-3 cycle with an untrained drafter."""
+    with cli_errors():
+        import shlex
+
+        from eaglekb.io.errors import BadInput
+        from eaglekb.measure.sglang import plan as lib
+
+        cfg = lib.PlanConfig(target=target, site=site, url=url, plain_url=plain_url, drafter_out=drafter_out,
+                             draft_vocab_size=draft_vocab_size, steps=steps, topk=topk, draft_tokens=draft_tokens,
+                             prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                             repeats=repeats, port=port, mem_fraction_static=mem_fraction_static,
+                             max_total_tokens=max_total_tokens, cuda_graph_max_bs=cuda_graph_max_bs,
+                             extra=shlex.split(extra or ""), env=env_pairs(env, "--env"), timeout_s=timeout_s,
+                             drafter_only=bool(drafter_only))
+        if drafter_only and (record or compare):
+            raise BadInput("nothing is timed with --drafter-only", where="--record/--compare",
+                           expected="no --record with --drafter-only", found=str(record or compare))
+        res = lib.run(cfg, progress=not json)
+        if drafter_only:
+            emit({"config": res["config"], "commands": res["commands"]}, res["summary"], json)
+            return
+        doc = {"metrics": res["metrics"], "config": res["config"]}
+        doc.update(finish(kind="plan", record=record, compare=compare, config=res["config"], metrics=res["metrics"],
+                          noise={"repeats": int(repeats), "spread_kind": "range", "spread": res["spread"],
+                                 "tolerance_rel": 0.15},
+                          summary=res["summary"]))
+    emit(doc, res["summary"] + finish_text(doc), json)

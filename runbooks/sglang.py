@@ -5,7 +5,7 @@ The benchmark itself is `invoke bench.sglang` (runbooks/bench.py).
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, finish_text, one_of, real, task, text, whole
+from runbooks._common import cli_errors, emit, env_pairs, finish, finish_text, one_of, real, task, text, whole
 
 _MIB = 1 << 20
 
@@ -57,6 +57,7 @@ def install(c, pieces, target, force=False, json=False):
 
 
 @task(
+    iterable=["env"],
     help={
         "target": "served model: embedded name (smollm2-135m) or folder",
         "drafter": "EAGLE-3 drafter folder (none: a plain server)",
@@ -74,6 +75,7 @@ def install(c, pieces, target, force=False, json=False):
         "disable_cuda_graph": "no CUDA graphs at all (F04 on the real system)",
         "disable_prefill_cuda_graph": "no prefill graphs (about 70 s less start-up; decode unchanged)",
         "extra": "more SGLang flags, as one quoted string",
+        "env": "KEY=VALUE for the server process only, repeatable (e.g. SGLANG_ENABLE_SPEC_V2=1)",
         "timeout_s": "seconds to wait for /health (default 600)",
         "python": "interpreter for the server (default: this one)",
         "json": "print one JSON document as the last line",
@@ -85,7 +87,7 @@ def install(c, pieces, target, force=False, json=False):
 def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens=None, port=30000, tp=1,
            trust_remote_code=False, site=None,
            dtype="bfloat16", mem_fraction_static=None, max_total_tokens=None, cuda_graph_max_bs=None,
-           disable_cuda_graph=False, disable_prefill_cuda_graph=False, extra="", timeout_s=600, python=None,
+           disable_cuda_graph=False, disable_prefill_cuda_graph=False, extra="", env=None, timeout_s=600, python=None,
            json=False):
     """Start an SGLang server (EAGLE-3 with --drafter) in the background; wait for /health; record server_info."""
     with cli_errors():
@@ -103,7 +105,8 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
                            max_total_tokens=max_total_tokens, cuda_graph_max_bs=cuda_graph_max_bs,
                            disable_cuda_graph=bool(disable_cuda_graph),
                            disable_prefill_cuda_graph=bool(disable_prefill_cuda_graph), disable_radix_cache=True,
-                           enable_metrics=True, sleep_on_idle=True, extra=shlex.split(extra or ""))
+                           enable_metrics=True, sleep_on_idle=True, extra=shlex.split(extra or ""),
+                           env=env_pairs(env, "--env"))
         doc = wait_ready(lib_launch(cfg, site=site, python=python or sys.executable), timeout_s=timeout_s,
                          progress=not json)
     info = doc["server_info"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -268,6 +269,23 @@ def _enough(ps: PromptSet, num: int | None, spec: str) -> PromptSet:
                        expected=f"at most {len(ps.prompts)} (the prompts {spec} holds)", found=str(num),
                        fix=f"pass --num-prompts {len(ps.prompts)} or a larger prompt set")
     return ps
+
+
+def set_keys(specs: Sequence[str]) -> dict[str, str]:
+    """A metric key for each prompt-set spec (``gsm8k-eval`` -> ``gsm8k_eval``, ``~/my-prompts.txt`` ->
+    ``my_prompts``): lower case, every run of other characters one ``_``, a file by its name without the
+    suffix, a leading digit or an empty name prefixed ``set_``; two specs that would share a key refused."""
+    keys: dict[str, str] = {}
+    for spec in specs:
+        name = Path(spec).stem if Path(spec).is_file() else str(spec)
+        key = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+        key = key if key and key[0].isalpha() else f"set_{key}".rstrip("_")
+        if key in keys.values():
+            other = next(k for k, v in keys.items() if v == key)
+            raise BadInput("two prompt sets would share one result key", where=f"--prompts {spec}",
+                           expected="sets with distinct names", found=f"{other!r} and {spec!r} both -> {key!r}")
+        keys[spec] = key
+    return keys
 
 
 def eval_prompts(spec: str, num: int | None = None) -> PromptSet:

@@ -276,3 +276,19 @@ def summary(r: PlanReport) -> str:
             "unreachable with %s steps: %s" % (r.steps, ", ".join(f"{t.target_tok_s:g} tok/s" for t in bad))
         )
     return "; ".join(parts)
+
+
+def request_speedup(timings: dict, accept_len: float, new_tokens: int) -> dict:
+    """Speedup of one request of ``new_tokens`` at ``accept_len`` on a server, from a plan.sglang record's
+    timings: the plain step and the speculative cycle (ms) and each server's per-request fixed cost (queue,
+    prefill, HTTP: ``plain_fixed_ms``, ``spec_fixed_ms``). The first token comes from the prefill; the other
+    ``n - 1`` take ``n - 1`` steps plain and ``(n - 1) / accept_len`` cycles speculative. Returns the end-to-end
+    ratio (``speedup_x``, what a client sees) and the decode phase's (``decode_speedup_x``)."""
+    step, cycle = float(timings["plain_step_ms"]), float(timings["spec_cycle_ms"])
+    if step <= 0 or cycle <= 0 or accept_len <= 0:
+        raise BadInput("timings and accept length must be positive", where="plan timings",
+                       found=f"step {step}, cycle {cycle}, accept {accept_len}")
+    n = max(int(new_tokens) - 1, 1)
+    plain = float(timings["plain_fixed_ms"]) + n * step
+    spec = float(timings["spec_fixed_ms"]) + n / accept_len * cycle
+    return {"speedup_x": plain / spec, "decode_speedup_x": accept_len * step / cycle}

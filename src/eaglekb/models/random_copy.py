@@ -16,31 +16,49 @@ import shutil
 from pathlib import Path
 
 from eaglekb.io.errors import BadInput, MissingFile
+from eaglekb.models.checks import check_config
 from eaglekb.models.sources import resolve
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json",
                    "generation_config.json", "vocab.json", "merges.txt")
 
 
-def random_copy(name: str, out: str | Path, *, seed: int = 0, dtype: str = "bfloat16") -> dict:
+def random_copy(name: str, out: str | Path, *, seed: int = 0, dtype: str = "bfloat16",
+                overrides: dict | None = None, device: str = "cpu") -> dict:
     """Write ``out``: ``name``'s config and tokenizer with weights drawn from ``seed``; returns what was written."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if dtype not in ("float32", "bfloat16", "float16"):
         raise BadInput("unsupported dtype", where="--dtype", expected="float32, bfloat16 or float16", found=repr(dtype))
-    src = Path(resolve(str(name)))
+    # a folder needs only its config and tokenizer (a shape to copy); an embedded name must be prepared
+    src = Path(name).expanduser() if Path(name).expanduser().is_dir() else Path(resolve(str(name)))
     if not (src / "config.json").is_file():
         raise MissingFile("model folder has no config.json", where=str(src), fix=f"invoke models.prepare {name}")
+    check_config(src)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise BadInput("output folder is not empty", where=str(out), fix="choose a new --out (nothing was changed)")
     cfg = AutoConfig.from_pretrained(str(src))
+    if overrides:  # another size of the same architecture (--set hidden_size=3584): the config rebuilt whole
+        doc = cfg.to_dict()
+        for key, value in overrides.items():
+            if key not in doc:
+                raise BadInput("not a field of the model's config", where=f"--set {key}={value}",
+                               expected="a config.json field of " + type(cfg).__name__, found=repr(key))
+        doc.update(overrides)
+        if "num_hidden_layers" in overrides:  # per-layer lists follow the new depth
+            doc.pop("layer_types", None)
+            if "max_window_layers" in doc and "max_window_layers" not in overrides:
+                doc["max_window_layers"] = overrides["num_hidden_layers"]
+        cfg = type(cfg).from_dict(doc)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
+    with torch.device(device):  # on a GPU, billions of parameters initialise in seconds
+        model = AutoModelForCausalLM.from_config(cfg).to(getattr(torch, dtype))
     model.save_pretrained(str(out))
     copied = [f for f in TOKENIZER_FILES if (src / f).is_file()]
     for f in copied:
         shutil.copy(src / f, out / f)
-    return {"source": str(src), "out": str(out), "seed": seed, "dtype": dtype,
+    return {"source": str(src), "out": str(out), "seed": seed, "dtype": dtype, "device": device,
+            "overrides": dict(overrides or {}),
             "parameters_count": sum(p.numel() for p in model.parameters()), "tokenizer_files": copied}

@@ -29,11 +29,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglekb.data.prompts import eval_prompts
+from eaglekb.data.prompts import eval_prompts, set_keys
 from eaglekb.engine.generate import Engine, SpecConfig
 from eaglekb.engine.timing import PhaseTimer, stats, wall
 from eaglekb.io.errors import BadInput, Incompatible
 from eaglekb.measure import setup as runsetup
+from eaglekb.measure import viability
 from eaglekb.measure.sglang import trace as sglang_trace
 from eaglekb.measure.probe import near_tie
 from eaglekb.measure.sglang.server import summarize_info
@@ -56,6 +57,7 @@ class SGLangBenchConfig:
     device: str = "cuda"
     dtype: str = "bfloat16"
     concurrency: list[int] = field(default_factory=list)
+    plan: dict | None = None  # a plan.sglang record ({"id", "metrics"}): the prediction made before training
 
 
 def spec_of(info: dict) -> dict | None:
@@ -268,6 +270,22 @@ def ratios(m: dict) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def predicted(plan_metrics: dict, m: dict, new_tokens: int) -> dict:
+    """The speedup a plan.sglang record predicted from our engine's accept length, beside the measured one."""
+    acc = m.get("engine_spec", {}).get("accept_len")
+    if not acc:
+        return {}
+    p = viability.request_speedup(plan_metrics, acc, new_tokens)
+    out = {"predicted_x": p["speedup_x"], "predicted_decode_x": p["decode_speedup_x"]}
+    s, pl = m.get("sglang", {}).get("server", {}), m.get("sglang_plain", {}).get("server", {})
+    if s.get("decode_tok_s") and pl.get("decode_tok_s"):
+        out["sglang_spec_vs_plain_decode_x"] = s["decode_tok_s"] / pl["decode_tok_s"]
+    measured = ratios(m).get("sglang_spec_vs_plain_x")
+    if measured:
+        out["prediction_error_pct"] = 100 * (measured - p["speedup_x"]) / p["speedup_x"]
+    return out
+
+
 # ----------------------------------------------------------------------------- concurrency
 
 
@@ -367,6 +385,10 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     else:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(target_path)
+    keys = set_keys(cfg.prompts)  # before any GPU time: a name no result key can hold is refused here
+    if cfg.plan is not None and not cfg.engine:
+        raise BadInput("a prediction needs our engine's accept length on the same prompts", where="--plan",
+                       expected="--engine beside --plan", found="no --engine")
     sets = {name: eval_prompts(name, cfg.num_prompts) for name in cfg.prompts}
     encoded = {n: runsetup.encode(tok, s, max_prompt_tokens=cfg.max_prompt_tokens) for n, s in sets.items()}
     engine, sc = _load_engine(cfg, spec, [p for ps in encoded.values() for p in ps], loaded) if loaded else (None, None)
@@ -379,12 +401,14 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     spread: dict[str, float] = {}
     for name, prompts in encoded.items():
         runs = passes(methods, prompts, cfg.repeats, cfg.warmup, progress)
-        key = name.replace("-", "_")
+        key = keys[name]
         m: dict[str, Any] = {}
         for meth, rs in runs.items():
             m[meth], sp = method_metrics(meth, rs)
             spread.update({f"{key}.{k}": v for k, v in sp.items()})
         m["vs"] = ratios(m)
+        if cfg.plan is not None:
+            m["vs"].update(predicted(cfg.plan["metrics"], m, cfg.max_new_tokens))
         m["parity"] = parity(runs, prompts, engine, cfg.dtype)
         metrics[key] = m
     if cfg.concurrency:
@@ -399,6 +423,8 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
               "device": cfg.device, "dtype": cfg.dtype, "concurrency": list(cfg.concurrency),
               "server_info": summarize_info(info),  # its speculative_* fields are the config the run used
               "plain_server_info": summarize_info(plain_info) if plain_info else None}
+    if cfg.plan is not None:
+        config["plan"] = cfg.plan["id"]
     if engine is not None:
         config.update(engine_graphs=engine.graphs, engine_compiled=engine.compiled, engine_fused=engine.fused)
     return SGLangReport(config=config, metrics=metrics, spread=spread, summary=summary(metrics, spec),

@@ -80,10 +80,12 @@ def launch(cfg: LaunchConfig, *, site: str | Path | None = None, log: Path | Non
     child_env = dict(os.environ if env is None else env)
     if site is not None:
         child_env["PYTHONPATH"] = str(Path(site).resolve())  # the stack only: not our tasks' packages
+    child_env.update(cfg.env)
     with open(log, "ab") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=child_env, start_new_session=True)
     doc = {"pid": proc.pid, "port": cfg.port, "url": client.url, "command": command_line(cmd), "log": str(log),
+           "env": dict(cfg.env),
            "site": str(site) if site is not None else None, "started_at": time.time()}
     atomic_write_json(state, doc)
     doc["_proc"] = proc
