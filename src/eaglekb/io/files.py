@@ -16,7 +16,11 @@ Owns:
   a command replaces only what it created in this run, or a path the user named together with
   ``--force``, and never a file git tracks; a folder is replaced by writing the new one beside it and
   renaming (the old copy stays until the new one is in place); two runs writing one output at once are
-  refused (a lock file beside it), not merged.
+  refused (a lock file beside it), not merged. Links are followed before the rule is applied: the rule
+  judges the real path a write lands on (every link of every parent followed), so a parent that is a link
+  into the checkout cannot carry ``--force`` onto a tracked file; a link as the output itself, a link that
+  leads nowhere or round in a loop, and a real path outside the folder the user named are refused. Files
+  are created with ``O_EXCL | O_NOFOLLOW`` (temp files, lock files): never through a link planted meanwhile.
 
 Knows nothing about what the files mean (baselines, drafters, shards): their owners
 call these (and say, through ``ours``, what an output of theirs looks like). Never loads pickle.
@@ -26,10 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -38,10 +44,14 @@ from typing import Any, Callable, Iterable, Iterator
 
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, SchemaError
 
+#: Open flag that refuses a link as the last part of a path (0 where the system has none).
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
 
 def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp opens with O_CREAT | O_EXCL | O_NOFOLLOW; the rename replaces a link at ``path``, never its target
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as fh:
@@ -175,10 +185,13 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def tracked_files(path: str | Path) -> list[str]:
-    """The files git tracks at or under ``path`` (repository-relative; none outside a work tree or without git)."""
+    """The files git tracks at or under ``path`` (repository-relative; none outside a work tree or without git).
+    Links in its parents are followed first (git does not look through them): ``LINK/x`` with LINK pointing
+    into a checkout is judged where it really is; a link at ``path`` itself is judged as the link."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return []
+    path = Path(os.path.realpath(path.parent)) / path.name
     anchor = path if path.is_dir() and not path.is_symlink() else path.parent
     try:
         proc = subprocess.run(["git", "-C", str(anchor), "ls-files", "-z", "--full-name", "--",
@@ -191,17 +204,64 @@ def tracked_files(path: str | Path) -> list[str]:
 
 
 def _overlaps(a: Path, b: Path) -> bool:
-    a, b = a.resolve(), b.resolve()
+    a, b = Path(os.path.realpath(a)), Path(os.path.realpath(b))
     return a == b or a in b.parents or b in a.parents
+
+
+def _link_trouble(link: Path) -> str:
+    """'' for a link that leads to something, else what is wrong with it."""
+    try:
+        os.stat(link)
+    except (FileNotFoundError, NotADirectoryError):
+        return "leads nowhere"
+    except OSError as exc:
+        return "goes round in a loop" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+    return ""
+
+
+def real_output(path: str | Path, *, where: str, what: str = "output", folder: bool = False) -> Path:
+    """The real path a write to ``path`` lands on (every link in every parent followed), after checking each
+    step of the way as typed: the output itself a link (pointing anywhere, or nowhere), a parent that is a
+    link leading nowhere or round in a loop, or a file where a folder belongs: refused, one line naming ``where``."""
+    path = Path(path)
+    noun, cur = ("folder" if folder else "file"), Path(path.anchor or ".")
+    parts = path.parts[1:] if path.anchor else path.parts
+    for i, part in enumerate(parts):
+        cur = cur / part
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            break  # from here on the path is new
+        except NotADirectoryError:
+            raise BadInput(f"a folder on the {what}'s path is a file", where=where, expected="folders on the way",
+                           found=f"{cur.parent} is a file", fix="give a path through folders") from None
+        except OSError as exc:
+            raise BadInput(f"cannot reach the {what}'s path", where=where, expected="a path that can be followed",
+                           found=f"{cur}: {exc.strerror or exc}", fix="give another path") from None
+        if not stat.S_ISLNK(st.st_mode):
+            continue
+        trouble, target = _link_trouble(cur), os.readlink(cur)
+        if i == len(parts) - 1:
+            raise BadInput(f"will not write {what} through a link", where=where, expected=f"a new {noun}",
+                           found=f"a link to {target}" + (f" that {trouble}" if trouble else ""),
+                           fix="give the real path, or another one")
+        if trouble:
+            raise BadInput(f"will not write {what} through a link that {trouble}", where=where,
+                           expected="folders that exist or can be made", found=f"{cur} -> {target}",
+                           fix="fix or remove the link, or give the real path")
+    return Path(os.path.realpath(path))
 
 
 def guard_output(path: str | Path, *, where: str, force: bool = False, folder: bool = False,
                  ours: Callable[[Path], bool] | None = None, reuse: bool = False, what: str = "output",
-                 inputs: Iterable[str | Path] = ()) -> bool:
+                 inputs: Iterable[str | Path] = (), within: str | Path | None = None) -> bool:
     """Check that a command may write ``path`` (one line naming ``where`` otherwise); True when something
-    is there that the write will replace or add to.
+    is there that the write will replace or add to. Judged on the real path (``real_output``: a parent may
+    be a link; every rule below applies where it leads).
 
-    * a link, or a path that is, holds or is inside one of the command's ``inputs``: refused;
+    * a link as the output itself, a parent link that leads nowhere or loops: refused;
+    * a real path outside ``within`` (the folder the user named, when the command picks the name inside it): refused;
+    * a path that is, holds or is inside one of the command's ``inputs``: refused;
     * nothing there, or an empty folder: fine;
     * a file where a folder belongs or the reverse: refused;
     * anything git tracks at or under it: refused, ``--force`` or not;
@@ -211,9 +271,12 @@ def guard_output(path: str | Path, *, where: str, force: bool = False, folder: b
     """
     path = Path(path)
     noun = "folder" if folder else "file"
-    if path.is_symlink():
-        raise BadInput(f"will not write {what} through a link", where=where, expected=f"a new {noun}",
-                       found=f"a link to {os.readlink(path)}", fix="give the real path, or another one")
+    real = real_output(path, where=where, what=what, folder=folder)
+    if within is not None:
+        root = Path(os.path.realpath(within))
+        if real != root and root not in real.parents:
+            raise BadInput(f"{what} lands outside the folder named", where=where, expected=f"a path inside {within}",
+                           found=f"{path} is {real}", fix="remove the link that leads out, or name another folder")
     for source in inputs:
         if source and _overlaps(path, Path(source)):
             raise BadInput(f"{what} is, holds or is inside an input of this command", where=where,
@@ -226,11 +289,13 @@ def guard_output(path: str | Path, *, where: str, force: bool = False, folder: b
                        found="a folder" if path.is_dir() else "a file", fix=f"choose another {noun}")
     if folder and not any(path.iterdir()):
         return False
-    tracked = tracked_files(path)
+    tracked = tracked_files(real)
     if tracked:
+        through = "" if real == Path(os.path.abspath(path)) else f" (through a link: {real})"
         raise BadInput(f"{what} is a file the repository tracks" if not folder else
                        f"{what} holds files the repository tracks", where=where,
-                       expected=f"a new {noun} or an untracked one", found=f"{len(tracked)} tracked, e.g. {tracked[0]}",
+                       expected=f"a new {noun} or an untracked one",
+                       found=f"{len(tracked)} tracked, e.g. {tracked[0]}{through}",
                        fix="choose another path (a tracked file is never replaced, --force or not)")
     is_ours = ours is None or ours(path)
     if reuse and ours is not None and is_ours:
@@ -280,7 +345,7 @@ def output_lock(path: str | Path, *, where: str) -> Iterator[Path]:
     me = f"{socket.gethostname()}\n{os.getpid()}\n{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n"
     for _ in range(2):
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY | _NOFOLLOW, 0o644)
         except FileExistsError:
             host, pid, since = _lock_owner(lock)
             if host == socket.gethostname() and not process_alive(pid):
@@ -325,7 +390,10 @@ def replace_folder(new: str | Path, dest: str | Path) -> Path:
     system can (else moved aside to ``.NAME.old-*`` first) and removed only once ``new`` is in place: a
     kill at any moment leaves the old folder or the new one, never neither."""
     new, dest = Path(new), Path(dest)
-    if not dest.exists() and not dest.is_symlink():
+    if dest.is_symlink():  # the rename would swap the link, not what it points to: never meant, refused
+        raise BadInput("will not replace a folder through a link", where=str(dest), expected="a real folder",
+                       found=f"a link to {os.readlink(dest)}", fix="give the real path, or another one")
+    if not dest.exists():
         os.replace(new, dest)
         return dest
     if _exchange(new, dest):

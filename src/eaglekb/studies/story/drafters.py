@@ -1,7 +1,7 @@
 """Drafters in 16 MiB pieces: export a run's drafters as one cut tar, and unpack it with every hash checked.
 
-Owns the export format (``drafters.tar.partNN``: an uncompressed tar of ``NAME/file``, cut into pieces that fit
-one device transfer, with a manifest of the tar's and each file's SHA-256 in story.json's ``drafters_export``
+Owns the export format (``drafters.tar.partNN``: an uncompressed tar of ``NAME/file``, cut into pieces of at most
+16 MiB, with a manifest of the tar's and each file's SHA-256 in story.json's ``drafters_export``
 or in ``drafters-export.json``), the budget that picks which drafters fit, and the unpacking that refuses a
 corrupt, missing or substituted piece. The manifest and the tar come from another machine: every drafter
 name, piece name and member path is checked to stay inside its folder (one plain name, no ``..``, no
@@ -76,7 +76,7 @@ def export_drafters(folders: dict[str, Path], out: Path, part_bytes: int = PART_
 def export_from_work(work: str | Path, names: list[str], out: str | Path) -> dict[str, Any]:
     """Export drafters of a finished run from its work folder (``run-NAME/drafter``), with a manifest.
 
-    For when the run's own export did not fit what one transfer brings back: pick the drafters that fit.
+    For when the run's own export left drafters out (``export_max_mib``): pick the drafters wanted.
     """
     work, out = Path(work), Path(out)
     folders = {n: work / f"run-{n}" / "drafter" for n in names}
@@ -213,7 +213,7 @@ def _check_destinations(names: list[str], dest: Path, force: bool) -> None:
     """Every ``DEST/NAME`` may be written: new, or (with ``force``) an untracked drafter folder."""
     for name in names:
         guard_output(dest / name, where=f"--drafters {dest / name}", force=force, folder=True,
-                     ours=is_drafter_folder, what="drafter folder")
+                     ours=is_drafter_folder, what="drafter folder", within=dest)
 
 
 def check_drafters(run_dir: str | Path, pieces: str | Path | None = None, dest: str | Path | None = None, *,
