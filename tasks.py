@@ -20,7 +20,7 @@ from runbooks._common import parse_errors_exit_2  # noqa: E402 - after the path 
 parse_errors_exit_2()  # invoke's own "No idea what ... is!" and friends: one error line, exit 2
 ns = Collection()
 for module_name in ("plan", "baselines", "docs", "models", "inspect", "vocab", "remap",
-                    "datagen", "finetune", "probe", "bench", "sglang", "story"):
+                    "datagen", "finetune", "probe", "bench", "sglang", "story", "recipe"):
     try:
         module = importlib.import_module(f"runbooks.{module_name}")
     except ModuleNotFoundError as exc:

@@ -1,0 +1,242 @@
+"""Recipes (eaglekb.studies.recipe, runbooks/recipe.py): strict keys, overrides, dry-run, step choice, resume,
+failure, and every committed recipe checked against the real tasks. Steps run through a fake runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tasks
+from eaglekb.io.errors import BadInput
+from eaglekb.studies import recipe as lib
+from runbooks import _dryrun
+from runbooks.recipe import task_options
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+SPECS = task_options(tasks.ns)
+
+SMALL = """\
+name: small
+target: smollm2-135m
+device: cpu
+steps:
+  datagen: {corpus: [wiki, chitchat], per_source: 4, out: "{run}/data"}
+  vocab.build: {dataset: ["{run}/data"], draft_vocab_size: 256, out: "{run}/vocab.safetensors"}
+  finetune: {data: "{run}/data", steps: 4, compile: off, profile: true, out: "{run}/train"}
+  probe: {drafter: "{run}/train/drafter", num_prompts: 2}
+  bench: {drafter: "{run}/train/drafter", peers: ""}
+"""
+
+
+def write(tmp_path: Path, text: str = SMALL) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def load(tmp_path: Path, text: str = SMALL, **kw) -> lib.Recipe:
+    return lib.load(write(tmp_path, text), SPECS, root=ROOT, run_dir=kw.pop("run_dir", tmp_path / "run"), **kw)
+
+
+class FakeRunner:
+    """Records each command; exits with the code given for a task (0 otherwise)."""
+
+    def __init__(self, codes: dict[str, int] | None = None):
+        self.codes, self.calls = codes or {}, []
+
+    def __call__(self, argv: list[str], cwd: Path) -> int:
+        self.calls.append(argv)
+        return self.codes.get(argv[1], 0)
+
+
+def run(rec: lib.Recipe, runner: FakeRunner, **kw) -> lib.Outcome:
+    steps = lib.select(rec, only=kw.pop("only", None), start=kw.pop("start", None))
+    planned = lib.plan(rec, steps, SPECS, **kw)
+    return lib.execute(rec, planned, runner=runner, log=lambda s: None)
+
+
+def test_commands_are_built_from_the_recipe_with_shared_values(tmp_path):
+    rec = load(tmp_path)
+    cmds = {s.key: s.command for s in rec.steps}
+    run_text = str((tmp_path / "run").resolve())
+    assert cmds["datagen"] == (f"invoke datagen --target smollm2-135m --device cpu --corpus wiki --corpus chitchat "
+                               f"--per-source 4 --out {run_text}/data")
+    assert "--target" not in cmds["vocab.build"]  # only renders --corpus text: never given the recipe's target
+    assert cmds["finetune"].endswith("--compile off --profile --out " + f"{run_text}/train")
+    assert "--peers ''" in cmds["bench"]
+
+
+def test_default_run_folder_is_under_the_root_and_written_relative(tmp_path):
+    rec = lib.load(write(tmp_path), SPECS, root=ROOT)
+    assert rec.run == ROOT.resolve() / ".eaglekb" / "runs" / "small"
+    assert "--out .eaglekb/runs/small/data" in rec.steps[0].command
+
+
+@pytest.mark.parametrize("text, fragment", [
+    (SMALL + "colour: red\n", "unknown top-level key"),
+    (SMALL.replace("  probe:", "  prob:"), "did you mean probe?"),
+    (SMALL.replace("steps: 4,", "stepz: 4,"), "did you mean steps?"),
+    (SMALL.replace("device: cpu", "device: gpu"), "bad device"),
+    (SMALL.replace("name: small", "name: ../x"), "bad recipe name"),
+    (SMALL.replace('"{run}/train/drafter", num', '"{runn}/train/drafter", num'), "unknown placeholder"),
+    (SMALL.replace("profile: true", "profile: 3"), "option is a switch"),
+    (SMALL.replace("vocab.build: {dataset", "vocab.build: {datasets"), "did you mean dataset?"),
+    ("- a list\n", "not a recipe"),
+    ("name: [\n", "not valid YAML"),
+])
+def test_strict_keys_are_one_line_naming_file_and_key(tmp_path, text, fragment):
+    with pytest.raises(BadInput) as exc:
+        load(tmp_path, text)
+    line = exc.value.line()
+    assert fragment in line and "\n" not in line
+    assert str(tmp_path / "r.yaml") in line
+
+
+def test_a_missing_required_option_is_refused(tmp_path):
+    with pytest.raises(BadInput, match="missing required option of invoke vocab.build"):
+        load(tmp_path, SMALL.replace(', out: "{run}/vocab.safetensors"', ""))
+
+
+def test_overrides_set_step_options_and_top_level_keys(tmp_path):
+    rec = load(tmp_path, sets=["finetune.steps=100", "finetune.batch-size=16", "device=cuda", "nproc=2",
+                               "datagen.corpus=[gsm8k]", "bench.peers="])
+    cmds = {s.key: s.command for s in rec.steps}
+    assert "--steps 100 " in cmds["finetune"] and "--batch-size 16" in cmds["finetune"]
+    assert "--device cuda --nproc 2" in cmds["finetune"] and "--nproc 2" in cmds["datagen"]
+    assert "--nproc" not in cmds["probe"]  # probe has no --nproc
+    assert "--corpus gsm8k " in cmds["datagen"] and "chitchat" not in cmds["datagen"]
+    assert "--peers" not in cmds["bench"]  # an empty value: the option left out
+    for bad, fragment in (("finetune.stepz=1", "did you mean steps?"), ("fintune.steps=1", "did you mean finetune?"),
+                          ("colour=red", "unknown top-level key"), ("novalue", "bad override")):
+        with pytest.raises(BadInput, match=fragment.replace("?", r"\?")):
+            load(tmp_path, sets=[bad])
+
+
+def test_dry_run_prints_every_command_and_runs_nothing(tmp_path):
+    path = write(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "invoke", "recipe", str(path), "--dry-run", "--run-dir",
+                          str(tmp_path / "run"), "--set", "finetune.steps=7"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("invoke ")]
+    assert [line.split()[1] for line in lines] == ["datagen", "vocab.build", "finetune", "probe", "bench"]
+    assert "--steps 7 " in lines[2]
+    assert not (tmp_path / "run").exists()
+
+
+def test_only_and_from_choose_steps(tmp_path):
+    rec = load(tmp_path)
+    assert [s.key for s in lib.select(rec, only="probe,datagen")] == ["datagen", "probe"]
+    assert [s.key for s in lib.select(rec, start="finetune")] == ["finetune", "probe", "bench"]
+    with pytest.raises(BadInput, match="did you mean probe"):
+        lib.select(rec, only="prob")
+    with pytest.raises(BadInput, match="not both"):
+        lib.select(rec, only="probe", start="bench")
+
+
+def test_a_run_writes_its_state_and_resume_skips_finished_steps(tmp_path):
+    rec = load(tmp_path)
+    first = FakeRunner({"finetune": 3})
+    outcome = run(rec, first)
+    assert (outcome.code, outcome.failed) == (3, "finetune")
+    assert [a[1] for a in first.calls] == ["datagen", "vocab.build", "finetune"]  # stopped at the failure
+    state = json.loads((tmp_path / "run" / lib.STATE_FILE).read_text())
+    assert state["steps"]["datagen"]["exit_code"] == 0 and state["steps"]["datagen"]["finished"]
+    assert state["steps"]["finetune"]["exit_code"] == 3
+    assert state["steps"]["datagen"]["command"] == rec.steps[0].command
+    # without --resume a folder with finished steps is refused
+    with pytest.raises(BadInput, match="--resume"):
+        run(rec, FakeRunner())
+    # --resume: finished steps skipped; finetune continues from its checkpoint
+    ckpt = tmp_path / "run" / "train" / "checkpoints" / "step-0000002"
+    second = FakeRunner()
+    outcome = run(rec, second, resume=True, newest_checkpoint=lambda out: ckpt if out.name == "train" else None)
+    assert outcome.code == 0 and outcome.skipped == ["datagen", "vocab.build"]
+    assert [a[1] for a in second.calls] == ["finetune", "probe", "bench"]
+    assert second.calls[0][-1] == "--resume"
+    state = json.loads((tmp_path / "run" / lib.STATE_FILE).read_text())
+    assert all(s["exit_code"] == 0 for s in state["steps"].values())
+    # a changed option reruns that step and every step after it
+    third = FakeRunner()
+    run(load(tmp_path, sets=["vocab.build.draft_vocab_size=512"]), third, resume=True)
+    assert [a[1] for a in third.calls] == ["vocab.build", "finetune", "probe", "bench"]
+    # --only runs a finished step again without --resume
+    fourth = FakeRunner()
+    run(rec, fourth, explicit=True, only="probe")
+    assert [a[1] for a in fourth.calls] == ["probe"]
+
+
+def test_the_task_exits_with_the_failing_steps_code(tmp_path):
+    text = SMALL.replace("name: small", "name: failing").replace(
+        "  datagen: {corpus: [wiki, chitchat], per_source: 4, out: \"{run}/data\"}\n",
+        "  plan: {baseline_tps: 0}\n")
+    path = write(tmp_path, text)
+    out = subprocess.run([sys.executable, "-m", "invoke", "recipe", str(path), "--run-dir", str(tmp_path / "run")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "error: step plan failed with exit code 2" in out.stderr.splitlines()[-1]
+    state = json.loads((tmp_path / "run" / lib.STATE_FILE).read_text())
+    assert list(state["steps"]) == ["plan"] and state["steps"]["plan"]["exit_code"] == 2
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
+def test_each_committed_recipe_parses_and_its_commands_are_real(path):
+    rec = lib.load(path, SPECS, root=ROOT)
+    assert rec.name == path.stem
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith(f"# recipes/{path.name}:"), "a comment header says what it reproduces"
+    planned = lib.plan(rec, lib.select(rec), SPECS, dry_run=True)
+    assert lib.render_plan(rec, planned).count("\ninvoke ") == len(rec.steps)
+    for step in rec.steps:
+        calls = _dryrun.parse(step.command, tasks.ns)  # invoke's own parser, against the real tasks
+        assert len(calls) == 1
+        problems = [p for p in _dryrun.check(step.command, tasks.ns, ROOT, None) if "option" in p or ":" in p]
+        assert problems == [], (step.key, problems)
+
+
+def test_the_recipe_task_is_listed():
+    out = subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert "recipe" in out.stdout
+
+
+def _prepared(name: str) -> bool:
+    from eaglekb.models import sources
+
+    try:
+        return (Path(sources.resolve(name)) / "config.json").is_file()
+    except Exception:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _prepared("smollm2-135m"), reason="needs `invoke models.prepare smollm2-135m`")
+def test_the_tiny_recipe_runs_end_to_end_on_cpu(tmp_path):
+    run_dir = tmp_path / "tiny"
+    out = subprocess.run([sys.executable, "-m", "invoke", "recipe", "recipes/tiny-cpu.yaml", "--run-dir",
+                          str(run_dir)], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    state = json.loads((run_dir / lib.STATE_FILE).read_text())
+    assert [s["exit_code"] for s in state["steps"].values()] == [0] * 6
+    assert (run_dir / "train" / "drafter" / "model.safetensors").is_file()
+    again = subprocess.run([sys.executable, "-m", "invoke", "recipe", "recipes/tiny-cpu.yaml", "--run-dir",
+                            str(run_dir), "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("skip ") == 6
+
+
+def test_run_recipe_plans_or_runs_in_one_call(tmp_path):
+    path = write(tmp_path)
+    doc = lib.run_recipe(path, SPECS, root=ROOT, run_dir=tmp_path / "run", dry_run=True, start="probe")
+    assert doc["exit_code"] == 0 and [s["step"] for s in doc["steps"]] == ["probe", "bench"]
+    assert doc["text"].splitlines()[1].startswith("invoke probe ")
+    runner = FakeRunner({"bench": 5})
+    doc = lib.run_recipe(path, SPECS, root=ROOT, run_dir=tmp_path / "run", runner=runner)
+    assert (doc["exit_code"], doc["failed"], doc["ran"][-1]) == (5, "bench", "bench")
+    assert len(runner.calls) == 5
