@@ -183,7 +183,8 @@ def on_files(files, config):
         plan = STATE["plan"].model_copy(update={"next_steps": [s.model_copy(update={
             "title": _plain(s.title, "plan.md: next_steps"), "why": _plain(s.why, "plan.md: next_steps")})
             for s in STATE["plan"].next_steps]})
-        findings = {fid: f.model_copy(update={"headline": _plain(f.headline, f.page) if f.headline else _headline(f)})
+        findings = {fid: f.model_copy(update={"headline": _plain(f.headline, f.page) if f.headline else _headline(f),
+                                              "claim": _plain(f.claim, f.page)})
                     for fid, f in STATE["findings"].items()}
         STATE["plain_findings"] = findings
         index = knowledge.index(findings, STATE["baselines"], plan, STATE["recipes"], defaults,
@@ -220,7 +221,7 @@ def _finding_box(f: knowledge.Finding, page_uri: str) -> str:
     return "\n".join([
         f"# {f.id}: {render.safe(f.title, 500)}", "",
         f'!!! {kind} "Status: {f.status}"',
-        f"    **Claim.** {render.safe(f.claim, 5000)}", "",
+        f"    **Claim.** {_kept(f.claim, 5000)}", "",
         *([f"    **Headline.** {render.safe(_plain(f.headline, f.page), 1000)}", ""] if f.headline else []),
         f"    **Scope.** {render.safe(f.scope, 5000)}", "",
         f"    **Why {f.status}.** {render.safe(f.status_reason, 5000)}", "",
@@ -235,7 +236,8 @@ def _findings_index(page_uri: str) -> str:
     for fid, f in sorted(STATE["findings"].items()):
         link = _link(page_uri, f"findings/{fid}.md")
         ev = ", ".join(f"[{b}]({_link(page_uri, _page_path(b))})" for b in f.evidence)
-        rows.append(f"| [{fid}: {render.safe(f.title, 500)}]({link}) | **{f.status}** | {render.safe(f.claim, 5000)} | {ev} |")
+        rows.append(f"| [{fid}: {render.safe(f.title, 500)}]({link}) | **{f.status}** | "
+                    f"{render.safe(_plain(f.claim, f.page), 5000)} | {ev} |")
     return "\n".join(rows)
 
 
@@ -274,6 +276,16 @@ def _rich(text: str, page, limit: int) -> str:
     out, last = [], 0
     for m in PLACEHOLDER.finditer(text):
         out += [render.safe(text[last:m.start()], limit) if m.start() > last else "", _replace(m, page)]
+        last = m.end()
+    return "".join(out) + (render.safe(text[last:], limit) if last < len(text) else "")
+
+
+def _kept(text: str, limit: int) -> str:
+    """Front-matter text placed in a page before its placeholders are replaced (a finding's claim): everything
+    escaped as data except the placeholders, which the page's own pass then renders."""
+    out, last = [], 0
+    for m in PLACEHOLDER.finditer(text):
+        out += [render.safe(text[last:m.start()], limit) if m.start() > last else "", m.group(0)]
         last = m.end()
     return "".join(out) + (render.safe(text[last:], limit) if last < len(text) else "")
 

@@ -190,6 +190,27 @@ def tree_problem(baseline: Baseline, ids: Any, path: Path | str) -> str | None:
     return None
 
 
+def drafter_moved(baseline: Baseline, root: Path, hashes: dict[str, str | None] | None = None) -> str | None:
+    """Why a record's drafter is no longer where it says, or None: a drafter input whose path is in this
+    tree (``drafters/NAME``) but whose files there hash to another sha256 than the one recorded (the path
+    was given to another drafter). HASHES caches path -> sha256 across records."""
+    hashes = {} if hashes is None else hashes
+    for key, entry in sorted((baseline.provenance.inputs or {}).items()):
+        if entry.role != "drafter" or not entry.sha256 or Path(entry.path).is_absolute():
+            continue
+        folder = (root / entry.path).resolve()
+        if not folder.is_relative_to(root.resolve()) or not folder.exists():
+            continue  # a run folder or a path on the recording machine: nothing here to compare
+        if entry.path not in hashes:
+            hashes[entry.path] = _prov.input_identity("drafter", str(folder), root).get("sha256")
+        if hashes[entry.path] != entry.sha256:
+            return (f"provenance.inputs.{key}: {entry.path} now holds other files (sha256 "
+                    f"{(hashes[entry.path] or 'unreadable')[:12]}...) than the recorded {entry.sha256[:12]}...; "
+                    "fix: name the path that holds the recorded files, or set sha256 null with `unknown` saying "
+                    "where they went")
+    return None
+
+
 def check_all(root: Path | None = None) -> tuple[list[str], list[str]]:
     """Validate every file: (ids that passed, one-line problems). Also checks formatting."""
     ok: list[str] = []
@@ -211,12 +232,19 @@ def check_all(root: Path | None = None) -> tuple[list[str], list[str]]:
             continue
         ok.append(baseline.id)
     ids = {f"{p.parent.name}/{p.stem}" for p in iter_files(root)}
+    hashes: dict[str, str | None] = {}
     for bid in list(ok):
         path = path_for(bid, root)
-        problem = tree_problem(load(path), ids, path)
+        baseline = load(path)
+        problem = tree_problem(baseline, ids, path)
         if problem:
             ok.remove(bid)
             problems.append(_one_line(f"{path}: {problem}; fix: run `invoke baselines.identity`"))
+            continue
+        moved = drafter_moved(baseline, find_root() if root is None else root, hashes)
+        if moved:
+            ok.remove(bid)
+            problems.append(_one_line(f"{path}: {moved}"))
     return ok, problems
 
 

@@ -10,7 +10,7 @@ names (``eaglekb.measure.provenance.INPUT_KEYS``), the sha256 of the files as gi
 * a path tracked in git at the recorded commit whose files did not change up to the commit that first
   holds this result (same ``created_at``), or whose run's tree was clean: the files at the recorded
   commit;
-* one that changed in between while the run's tree was dirty or a copy (a GPU machine's working tree,
+* one that changed in between while the run's tree was dirty or a copy (a working tree copied to another machine,
   where ``EAGLEKB_GIT_COMMIT`` names the commit): the files as committed together with the result
   (the tree the run read was the one that was then committed; F12's r4 runs are the case);
 * a result not committed yet: the working tree's files now;
@@ -71,7 +71,7 @@ def _from_git(git: Git, b: Baseline, role: str, value: str, root: Path) -> dict[
             return found
         if at_run is None:
             return found
-        sha, files = git.sha(at_run)  # the working tree's files are away (a transfer): the recorded commit's
+        sha, files = git.sha(at_run)  # the run's files are elsewhere (a copied tree): the recorded commit's
         return {"sha256": sha, "files": files, "git": f"{commit}:{value}",
                 "basis": f"from git at the recorded commit {short} (the result is not committed yet and the "
                 "working tree's files are away)"}

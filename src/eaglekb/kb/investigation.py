@@ -71,7 +71,9 @@ ENTRIES: tuple[dict[str, Any], ...] = (
     dict(kind="probe", name="k25-phase0-k2-drafter", section="What happened: Phase 0 (C)",
          summary="K2 drafter plugged into K2.5 as-is: accept_len ~1.5, 52 tok/s (baseline 82, own drafter 60)",
          metrics={"accept_len": 1.5, "spec_tok_s": 52.0, "baseline_tok_s": 82.0, "own_drafter_tok_s": 60.0},
-         config={"drafter": "AQ-MedAI EAGLE-3 drafter for Kimi-K2 (predecessor), loaded as-is"},
+         config={"drafter": "AQ-MedAI EAGLE-3 drafter for Kimi-K2 (predecessor), loaded as-is",
+                 "drafter_sha256_unknown": "a published drafter read from the model hub as reported, not hashed here; "
+                                           "the reference/aq-medai-kimi-k2-eagle3 record names its source"},
          note="read then as a 'positive signal' because accept_len > 1.0; break-even was 2.46"),
     dict(kind="finetune", name="k25-own-drafter-37k", section="The drafters (account 1 of 3)",
          summary="own drafter from scratch on 37K samples: accept_len ~2.0 at ~64% per-step accuracy",

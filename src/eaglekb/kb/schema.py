@@ -27,6 +27,9 @@ from eaglekb.io.files import flatten
 from eaglekb.measure.command import reproduce_command, writes_baselines
 from eaglekb.measure.provenance import config_inputs
 
+#: A reproduce command that reruns a recipe (``invoke recipe FILE``): for a result whose command read run state
+#: (a checkpoint, a run folder) that a clone lacks, the recipe produces that state and reruns the steps.
+RECIPE_PREFIX = "invoke recipe "
 #: The version new baselines are written with. Version 1 (no content identity, no reproduce command) is
 #: still read, for diffs against old revisions; ``invoke baselines.check`` refuses it in the tree.
 SCHEMA_VERSION = 2
@@ -296,6 +299,8 @@ def _check_identity(b: "Baseline") -> None:
         raise ValueError(f"provenance.reproduce carries {', '.join(writes)}: it must rerun and compare, "
                          f"overwriting nothing (expected {reproduce_command(p.command)!r})")
     want = reproduce_command(p.command)
+    if p.reproduce.startswith(RECIPE_PREFIX):
+        return  # the run state the command read is not in a clone: the recipe that produces it reruns it
     if want and "--compare" in want and "--compare" not in p.reproduce:
         raise ValueError(f"provenance.reproduce does not compare with the recorded result (expected {want!r})")
 

@@ -299,8 +299,14 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     metrics["breakeven_len"] = report.breakeven_len
     metrics["predicted_speedup_x"] = report.speedup_x
     metrics["measured_speedup_x"] = online_m["spec_tok_s"] / base_tps if base_tps > 0 else 0.0
+    measured = metrics["measured_speedup_x"] if base_tps > 0 and cfg.baseline_tps is None and cfg.cycle_ms is None \
+        else None
+    viable, word = viability.verdict_text(bool(report.viable), measured)
     verdict: dict[str, Any] = {
-        "viable": bool(report.viable),
+        "viable": viable,
+        "predicted_viable": bool(report.viable),
+        "measured_speedup_x": measured,
+        "word": word,
         "breakeven_len": report.breakeven_len,
         "accept_len": online_m["accept_len"],
         "baseline_tok_s": baseline,
@@ -326,7 +332,7 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
 
 
 def _summary(verdict: dict, on: dict, off: dict, cfg: ProbeConfig) -> str:
-    word = "viable" if verdict["viable"] else "NOT viable (below break-even)"
+    word = verdict.get("word") or viability.verdict_text(verdict["viable"], verdict.get("measured_speedup_x"))[1]
     s = (f"accept_len {on['accept_len']:.2f} online (simulated {off['simulated_accept_len']:.2f}) vs break-even "
          f"{verdict['breakeven_len']:.2f} at {verdict['cycle_ms']:.1f} ms/cycle and {verdict['baseline_tok_s']:.1f} "
          f"tok/s: {word}")

@@ -292,3 +292,15 @@ def request_speedup(timings: dict, accept_len: float, new_tokens: int) -> dict:
     plain = float(timings["plain_fixed_ms"]) + n * step
     spec = float(timings["spec_fixed_ms"]) + n / accept_len * cycle
     return {"speedup_x": plain / spec, "decode_speedup_x": accept_len * step / cycle}
+
+
+def verdict_text(predicted_viable: bool, measured_speedup_x: float | None) -> tuple[bool, str]:
+    """(viable, the words) of a verdict. When a speed was measured on this machine (speculative against plain
+    decoding, same run) it decides: a measured slowdown is never "viable", whatever break-even predicted. The
+    prediction (accept length against break-even) decides only when nothing was measured."""
+    if measured_speedup_x is None:
+        return predicted_viable, "viable" if predicted_viable else "NOT viable (below break-even)"
+    if measured_speedup_x > 1.0:
+        return True, f"viable (measured {measured_speedup_x:.2f}x plain decoding)"
+    why = "break-even predicted a gain" if predicted_viable else "below break-even"
+    return False, f"NOT viable (measured {measured_speedup_x:.2f}x plain decoding; {why})"
