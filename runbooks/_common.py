@@ -44,6 +44,7 @@ from invoke.parser import Argument
 
 from eaglekb.io.errors import BadInput, EaglekbError, MissingFile, one_line
 from eaglekb.kb import baselines
+from runbooks import _help
 from runbooks._options import (  # noqa: F401  (the parsers are part of this module's interface)
     BASELINE_NAME,
     OPTIONS,
@@ -134,8 +135,6 @@ def parse_errors_exit_2() -> None:
     from invoke.exceptions import ParseError, UnknownFileType
     from invoke.program import Program
 
-    from runbooks import _help
-
     _help.install(Program)  # task help with kinds and defaults
     if getattr(Program.parse_tasks, "eaglekb", False):
         return
@@ -194,7 +193,8 @@ class EaglekbTask(Task):
             self.help_texts["force"] = _FORCE_HELP
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
-        opts = super().arg_opts(name, default, set(taken_names) | {"h"})  # -h stays help, on every task
+        # -h stays help, on every task; "-" is no short flag (``top_p`` would get ``--``, the end of options)
+        opts = super().arg_opts(name, default, set(taken_names) | {"h", "-"})
         if opts.get("kind") in (int, float):
             opts["kind"] = str  # parsed by ``parse_options``: invoke's int() would end in a traceback
         return opts
@@ -217,9 +217,7 @@ class EaglekbTask(Task):
 
     def usage(self) -> str:
         """The task's help (as ``invoke --help TASK`` prints it, kinds and real defaults), without running it."""
-        from runbooks._help import usage
-
-        return usage(self)
+        return _help.usage(self)
 
     def _precheck_record(self, values: dict[str, Any], force: bool) -> None:
         """Refuse --record over an existing baseline (or a cited record) and a missing --compare, up front."""

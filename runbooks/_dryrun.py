@@ -137,7 +137,7 @@ def _norm(path: str) -> str:
 def _check_path(name: str, value: str, root: Path, producers: Producers | None) -> str | None:
     option = "--" + name.replace("_", "-")
     if "://" in value or value.startswith("$"):
-        return None  # a URL, or a shell variable the reader sets (e.g. $OUT on a lent GPU machine)
+        return None  # a URL, or a shell variable the reader sets (e.g. $RUN_DIR in a job script)
     if name in MODEL_OPTIONS and (value in sources.SOURCES or (_REPO_ID.match(value) and not (root / value).exists()
                                                                 and not value.startswith("."))):
         return None

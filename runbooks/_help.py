@@ -3,8 +3,10 @@ errors as one line that suggests what was probably meant.
 
 * ``usage(task)``: the help ``invoke --help TASK`` and ``invoke TASK --help`` print for every task behind
   the boundary: each option with its real kind (``INT``, ``NUMBER``, ``auto|on|off``, ``NAME``, ``PATH``,
-  ``TEXT``; invoke itself would say ``STRING`` for every value, since the project parses numbers itself) and
-  its default as the task's signature has it (``[default: 4]``), so the help cannot drift from the code.
+  ``NAME|PATH`` for an embedded model or built-in prompt set as well as a path, ``TEXT``; invoke itself would
+  say ``STRING`` for every value, since the project parses numbers itself) and, for every option that has
+  one, its default as the task's signature has it (``[default: 4]``; a hand-typed ``(default 4)`` in the
+  help text is dropped), so the help cannot drift from the code. Short flags are letters only.
 * ``suggestion(exc, program)``: for "No idea what 'prob' is!" the closest task names (``invoke probe``),
   for an unknown option the task's closest options (``--steps``), else the task's help command.
 * ``install(Program)``: invoke's help printer replaced by ``usage`` (and quiet when the reader closes the
@@ -19,16 +21,30 @@ import re
 import sys
 from typing import Any
 
+from runbooks._options import OPTIONS, Opt
+
 #: Option names whose text value is a path (shown as PATH; every other text value is TEXT).
 PATH_NAMES = re.compile(r"(^|_)(out|path|data|drafter|drafters|dataset|mapping|counts|init|work|dir|file|folder|"
                         r"pieces|prompts|a|b|mapping_a|mapping_b|against|val_data|save_counts|site_dir|run_dir|"
                         r"source_counts|online_target|prompts_file|reference_drafter|heldout|python)$")
+#: Options that take a name the project knows (an embedded model, a built-in prompt set) or a path, shown as
+#: NAME|PATH: one of these names with a name as its default, or any option whose help offers both.
+NAME_OR_PATH_NAMES = re.compile(r"^(target|model|prompts)$")
+_OFFERS_A_NAME = re.compile(r"\b(embedded|name|builtin)\b(?!>)")  # not a placeholder: <name>
+_OFFERS_A_PATH = re.compile(r"\b(folders?|files?|paths?)\b")
 
 
 def _kind(task: Any, name: str, default: Any) -> str:
-    """How a value of option NAME is written: INT, NUMBER, a|b|c, NAME, PATH or TEXT ('' for a flag)."""
-    from runbooks._common import OPTIONS, Opt
+    """How a value of option NAME is written: INT, NUMBER, a|b|c, NAME, NAME|PATH, PATH or TEXT ('' for a flag)."""
+    kind = _parsed_kind(task, name, default)
+    text = task.help_texts.get(name, "")
+    if kind in ("PATH", "TEXT") and ((NAME_OR_PATH_NAMES.match(name) and isinstance(default, str) and default)
+                                     or (_OFFERS_A_NAME.search(text) and _OFFERS_A_PATH.search(text))):
+        return "NAME|PATH"
+    return kind
 
+
+def _parsed_kind(task: Any, name: str, default: Any) -> str:
     parser = task.options.get(name, OPTIONS.get(name))
     if isinstance(default, bool) and parser is None:
         return ""
@@ -55,14 +71,53 @@ def _shown(default: Any) -> str:
     return "on" if default is True else str(default)
 
 
+#: A value as help text writes it: no space, comma, semicolon or closing bracket; a colon only inside it
+#: (``127.0.0.1:8000``), not the one that ends it (``default 60: why``).
+_VALUE = r"(?:[^\s,;:)]|:(?=\S))+"
+
+
+def _restated(default: Any):
+    """A ``re.sub`` replacement that drops a hand-typed mention of DEFAULT and keeps any other text."""
+    shown = _shown(default)
+
+    def same(value: str) -> bool:
+        value = value.rstrip("/")
+        if value in (shown, str(default)):
+            return True
+        try:
+            return not isinstance(default, bool) and float(value) == float(default)
+        except (TypeError, ValueError):
+            return False
+
+    def replace(match: re.Match) -> str:
+        value = match.groupdict().get("value")
+        if value is not None and not same(value):
+            return match.group(0)
+        return match.groupdict().get("keep") or ""
+
+    return replace
+
+
+_RESTATEMENTS = (
+    r"\s*\(default:?\s+(?P<value>%s)\)" % _VALUE,  # "(default 8)"
+    r"(?P<keep>\()default:?\s+(?P<value>%s)[:;,]\s+" % _VALUE,  # "(default 60: why)" -> "(why)"
+    r"\s*[,;]\s*default:?\s+(?P<value>%s)(?=\)|$)" % _VALUE,  # "(--steps, default 3)"
+    r"(?P<keep>\b(?P<value>[\w.:/-]+)) \(default\)",  # "builtin (default), humaneval"
+    r"(?P<keep>\b(?P<value>[\w.:/-]+) \()default;\s+",  # "bfloat16 (default; why)" -> "bfloat16 (why)"
+)
+_FLAG_RESTATEMENTS = (r"\s*\(default\)", r"(?P<keep>\()default;\s+", r"\bon by default[,;]\s+")
+
+
 def with_default(text: str, default: Any) -> str:
-    """The help text with the real default: a hand-typed ``(default X)`` that says the same is replaced by
-    it; one that explains more (``(default 60: one device call ...)``) stays, and no second one is added."""
+    """The help text with the real default, ``[default: X]`` after it for every option that has one; a
+    hand-typed mention that says the same (``(default 8)``, ``(SGLang --tp, default 1)``, ``symlink
+    (default)``) is dropped, and what it explained stays (``(default 60: why)`` -> ``(why)``)."""
     shown = _shown(default)
     if not shown:
         return text
-    text = re.sub(r"\s*\(default:? %s/?\)" % re.escape(shown), "", text)
-    return text if "default" in text else f"{text} [default: {shown}]".strip()
+    for pattern in _RESTATEMENTS + (_FLAG_RESTATEMENTS if default is True else ()):
+        text = re.sub(pattern, _restated(default), text)
+    return text if f"[default: {shown}]" in text else f"{text} [default: {shown}]".strip()
 
 
 def usage(task: Any) -> str:
@@ -70,11 +125,11 @@ def usage(task: Any) -> str:
     doc = inspect.cleandoc(task.body.__doc__ or "")
     params = list(inspect.signature(task.body).parameters.values())[1:]
     positional = " ".join(p.upper() for p in task.positional)
-    shorts = {a.name: sorted((n for n in a.names if len(n) == 1), key=len) for a in task.get_arguments()}
+    shorts = {a.name: [n for n in a.names if len(n) == 1 and n.isalnum()] for a in task.get_arguments()}
     rows = []
     for p in params + ([inspect.Parameter("force", inspect.Parameter.KEYWORD_ONLY, default=False)]
                        if task.adds_force else []):
-        flag = "--" + p.name.replace("_", "-")
+        flag = "--" + p.name.strip("_").replace("_", "-")
         kind = _kind(task, p.name, p.default)
         if p.default is True and not kind:
             flag = "--[no-]" + flag[2:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
+import unicodedata
 from typing import Any, Callable
 
 from eaglekb.io.errors import BadInput
@@ -32,8 +33,9 @@ class Opt:
 
     def __init__(self, kind: type, *, lo: float | None = None, hi: float | None = None, above: float | None = None,
                  choices: tuple[str, ...] | None = None, pattern: str | None = None, expected: str | None = None,
-                 label: str | None = None):
+                 label: str | None = None, limit: int | None = None):
         self.kind, self.lo, self.hi, self.above, self.choices = kind, lo, hi, above, choices
+        self.limit = limit  # free text (``free_text``): at most this many characters, one printable line
         self.label = label  # how the help writes a value (PATH, NAME); None: from the kind
         self.pattern = re.compile(pattern) if pattern else None
         self.expected = expected or self._describe()
@@ -56,7 +58,7 @@ class Opt:
         elif self.kind is float:
             out = self._float(value, option)
         else:
-            out = text(value, option)
+            out = text(value, option) if self.limit is None else free_text_value(value, option, self.limit)
             if self.choices and out not in self.choices or self.pattern and not self.pattern.fullmatch(out):
                 raise BadInput("not an accepted value", where=option, expected=self.expected, found=_found(value))
             return out
@@ -90,6 +92,32 @@ def text(value: Any, option: str) -> str:
     return value
 
 
+def _unprintable(char: str) -> bool:
+    """A control, format, surrogate or unassigned character, or a line or paragraph separator: what breaks a
+    one-line record, a JSON reader's view, a terminal or a page's version list."""
+    return unicodedata.category(char)[0] == "C" or unicodedata.category(char) in ("Zl", "Zp")
+
+
+def free_text_value(value: Any, option: str, limit: int) -> str:
+    """The one check of free text that ends up in a file or on the site (a commit, a command line, a docs
+    version): at most ``limit`` characters, one line of printable characters (no control characters)."""
+    value = str(value)
+    if len(value) > limit:
+        raise BadInput("text too long", where=option, expected=f"at most {limit} characters",
+                       found=f"{len(value):,} characters ({_found(value[:40])}...)")
+    bad = next((i for i, ch in enumerate(value) if _unprintable(ch)), None)
+    if bad is not None:
+        raise BadInput("text holds a control character", where=option,
+                       expected="one line of printable characters", found=f"{value[bad]!r} at character {bad + 1}")
+    return value
+
+
+def free_text(limit: int, *, pattern: str | None = None, expected: str | None = None) -> Opt:
+    """The parser of a free-text option (``free_text_value``), optionally also matching ``pattern``."""
+    return Opt(str, pattern=pattern, limit=limit,
+               expected=expected or f"text of at most {limit} printable characters on one line")
+
+
 def whole(lo: int | None = None, hi: int | None = None) -> Opt:
     return Opt(int, lo=lo, hi=hi)
 
@@ -106,6 +134,11 @@ BASELINE_NAME = Opt(str, pattern=baselines.NAME_RE.pattern.strip("^$"),
                     expected="a baseline name: lower-case letters, digits, . _ - (at most 100, e.g. cpu-run-1)")
 #: A path or a model given as empty text would quietly mean the current folder: refused instead.
 PATH = Opt(str, pattern=r"(?s).*\S.*", expected="a path or a name (not empty)", label="PATH")
+#: A docs version or alias: a folder of the published site and an entry of its version list.
+DOCS_NAME = free_text(64, pattern=r"[A-Za-z0-9][A-Za-z0-9._+-]*",
+                      expected="letters, digits, . _ + - (at most 64 characters, e.g. 0.1)")
+DOCS_ALIAS = free_text(64, pattern=r"(?:[A-Za-z0-9][A-Za-z0-9._+-]*)?",
+                       expected="letters, digits, . _ + - (at most 64 characters, e.g. latest), or '' for none")
 _MANY = 1 << 20  # a generous upper bound for counts and lengths: a typo, not a plan, beyond it
 
 #: The one parser of each option name, for every task that has it (``@task(options=...)`` overrides).
@@ -128,13 +161,18 @@ OPTIONS: dict[str, Callable[[Any, str], Any]] = {
     "dtype": one_of("float32", "bfloat16", "float16"), "mode": one_of("greedy", "sampled"),
     "features": one_of("stored", "online"), "generator": one_of("auto", "hf", "engine"),
     "positions": one_of("runtime", "specforge"), "graphs": one_of("auto", "on", "off", "both"),
-    "compile": one_of("auto", "on", "off"), "fail_on": one_of("regression", "change", "none"),
+    "compile": one_of("auto", "on", "off"), "amp": one_of("bfloat16", "none"),
+    "fail_on": one_of("regression", "change", "none"),
     "record": BASELINE_NAME, "compare": BASELINE_NAME,
     **{name: PATH for name in ("target", "model", "drafter", "reference_drafter", "data", "prompts", "prompts_file",
                                "counts", "mapping", "init", "val_data", "online_target", "against", "source_counts",
                                "work", "pieces", "drafters", "site_dir", "save_counts", "run_dir")}, "time_budget_s": real(above=0, hi=10**9),
     "batching": one_of("random", "length"), "alias_type": one_of("symlink", "redirect", "copy"),
     "fused": one_of("auto", "on", "off"),
+    # free text that ends up in a baseline, a manifest or the site: one printable line of bounded length
+    "commit": free_text(100), "command": free_text(4000), "server_model": free_text(200), "names": free_text(1000),
+    "version": DOCS_NAME, "alias": DOCS_ALIAS, "branch": free_text(200), "peers": free_text(1000),
+    "device": free_text(64),
 }
 
 

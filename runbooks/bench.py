@@ -8,6 +8,9 @@ from typing import Iterator
 from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, refuse_ignored, task, whole
 
 _SWEEP_FORM = "points 'steps,topk[,draft_tokens]' separated by ';' (e.g. '3,1;5,1;4,4,16')"
+#: The most draft steps per cycle a run takes (as plan.sglang): more is refused as a step count, not left for
+#: the static cache to refuse as a prompt that does not fit.
+MAX_DRAFT_STEPS = 64
 
 
 def _sweep(text: str) -> list[tuple[int, int, int | None]]:
@@ -21,12 +24,13 @@ def _sweep(text: str) -> list[tuple[int, int, int | None]]:
         if not item.strip() or not 1 <= len(parts) <= 3 or not parts[0]:
             raise BadInput("bad sweep point", where="--sweep", expected=_SWEEP_FORM, found=repr(item.strip())[:80])
         try:
-            steps = whole(1, 1 << 20)(parts[0], "--sweep")
+            steps = whole(1, MAX_DRAFT_STEPS)(parts[0], "--sweep")
             topk = whole(1, 1024)(parts[1], "--sweep") if len(parts) > 1 and parts[1] else 1
             tokens = whole(1, 1 << 16)(parts[2], "--sweep") if len(parts) > 2 and parts[2] else None
         except BadInput as exc:
-            raise BadInput("bad sweep point", where="--sweep", expected=f"{_SWEEP_FORM}, each a whole number in "
-                           "range", found=f"{item.strip()!r}: {exc.found}"[:120]) from None
+            raise BadInput("bad sweep point", where="--sweep", expected=f"{_SWEEP_FORM}; steps at most "
+                           f"{MAX_DRAFT_STEPS}, topk at most 1024, draft tokens at most {1 << 16}",
+                           found=f"{item.strip()!r}: {exc.found}"[:120]) from None
         points.append((steps, topk, tokens))
     return points
 
@@ -47,13 +51,14 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
 
 @task(
     default=True,
+    options={"steps": whole(1, MAX_DRAFT_STEPS)},
     help={
         "target": "target model: embedded name (smollm2-135m), folder or repo id",
         "drafter": "drafter folder; default: the target's own (drafters/smollm2-135m-default; for qwen2.5-coder-0.5b .eaglekb/drafters/qwen2.5-coder-0.5b, kept outside the repository)",
         "prompts": "gsm8k-eval, humaneval, builtin, or a prompts file",
         "num_prompts": "how many prompts (default 4)",
         "max_new_tokens": "tokens per prompt, end-of-sequence ignored (default 128)",
-        "steps": "draft steps (one sweep point; see --sweep)",
+        "steps": f"draft steps (one sweep point; see --sweep; at most {MAX_DRAFT_STEPS})",
         "topk": "tree branching (1 = chain)",
         "draft_tokens": "draft-token budget incl. the root",
         "sweep": "several points 'steps,topk[,draft_tokens];...' e.g. '3,1;5,1;4,4,16'",
@@ -151,6 +156,8 @@ def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval"
            concurrency="", plan=None, json=False, record=None, compare=None):
     """Benchmark SGLang servers at batch 1 (and concurrency levels), optionally beside our engine, with parity."""
     with cli_errors():
+        refuse_ignored([(name, not engine, "--engine (they set our engine's device and dtype)")
+                        for name in ("device", "dtype")], locals())
         from eaglekb.measure.sglang import bench as lib
 
         levels = [parse_int(v.strip(), "--concurrency", 1, 4096) for v in str(concurrency or "").split(",") if v.strip()]

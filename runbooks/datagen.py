@@ -94,7 +94,7 @@ def datagen(c, target="smollm2-135m", corpus=None, per_source=20, prompts_file=N
         name = Path(str(target)).name
         default = f"{name}-{len(prompts)}-{mode}" + (f"-slice{part.replace('/', 'of')}" if part else "")
         out = claim(out or Path(".eaglekb/datasets") / default, "--out", folder=True,
-                    ours=lambda p: (p / "manifest.json").is_file(), reuse=True, what="dataset folder",
+                    ours=dg.is_datagen_folder, reuse=True, what="dataset folder",
                     inputs=[prompts_file, path if Path(str(path)).is_dir() else None])
         dg.check_slice(out, part)  # before the target loads: a folder of another slice is refused at once
         manifest = generate_dataset(path, prompts, out, cfg, nproc=int(nproc), device=device, device_map=device_map,

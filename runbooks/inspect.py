@@ -35,6 +35,10 @@ def inspect(c, path, against=None, target=None, json=False):
             reason = report["verdict"]
         else:
             target_dir = sources.resolve(target) if target else None
+            if target_dir is not None:  # the target's weights as every load checks them (NaN/inf, pickles)
+                from eaglekb.models.checks import check_model_folder
+
+                check_model_folder(target_dir)
             report = inspection.inspect_checkpoint(path, target=target_dir)
             text = inspection.render_inspection(report)
             failed = not report["ok"]

@@ -40,6 +40,9 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
           baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None):
     """Offline (teacher-forced) and online acceptance, exactness, and viable-or-not against break-even."""
     with cli_errors():
+        from eaglekb.io.progress import announce
+
+        announce(f"loading {target} and its drafter ...", enabled=not json)  # at once: the imports take seconds
         from eaglekb.measure import probe as lib
         from eaglekb.measure.setup import default_drafter
 

@@ -1,11 +1,13 @@
-"""`invoke sglang.*`: the serving stack air-gapped (pack, install), a server's life (launch, stop), its cycle split.
+"""`invoke sglang.*`: the serving stack for a GPU host without registry access (pack, install), a server's life
+(launch, stop), its cycle split.
 
 The benchmark itself is `invoke bench.sglang` (runbooks/bench.py).
 """
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, env_pairs, finish, finish_text, one_of, real, task, text, whole
+from runbooks._common import (cli_errors, emit, env_pairs, finish, finish_text, one_of, real, refuse_ignored, task,
+                              text, whole)
 
 _MIB = 1 << 20
 
@@ -13,16 +15,17 @@ _MIB = 1 << 20
 @task(
     help={
         "stack": "pinned wheel set: sglang-0.5.17 (default) or a file of name==version lines",
-        "out": "folder for the pieces (default .carry/sglang)",
+        "out": "new folder for the pieces and their manifest (default .eaglekb/sglang/stack)",
         "wheels": "take the wheels from this folder instead of downloading them",
-        "piece_mib": "largest piece in MiB (default 56: one piece plus the repository fits a 64 MiB transfer)",
-        "force": "replace a piece set of the same name in --out",
+        "piece_mib": "largest piece in MiB (default 1024)",
+        "force": "replace a piece folder this command wrote before (the new set is built beside it, then swapped in)",
         "json": "print one JSON document as the last line",
     },
     options={"piece_mib": whole(1, 1 << 16)},
 )
-def pack(c, stack="sglang-0.5.17", out=".carry/sglang", wheels=None, piece_mib=56, force=False, json=False):
-    """Fetch the pinned serving stack (where a registry is reachable), tar it and split it into pieces."""
+def pack(c, stack="sglang-0.5.17", out=".eaglekb/sglang/stack", wheels=None, piece_mib=1024, force=False, json=False):
+    """Fetch the pinned serving stack (where a registry is reachable), tar it with its checksums and split it into
+    pieces, to install on a GPU host without registry access (invoke sglang.install)."""
     with cli_errors():
         from pathlib import Path
 
@@ -44,7 +47,8 @@ def pack(c, stack="sglang-0.5.17", out=".carry/sglang", wheels=None, piece_mib=5
     },
 )
 def install(c, pieces, target, force=False, json=False):
-    """Check every piece, join, check each wheel's hash, pip-install them into their own --target folder."""
+    """Check every piece, join, check each wheel against the set's checksums (a wheel the set does not list is
+    refused), pip-install them into their own --target folder."""
     with cli_errors():
         from pathlib import Path
 
@@ -91,14 +95,15 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
            json=False):
     """Start an SGLang server (EAGLE-3 with --drafter) in the background; wait for /health; record server_info."""
     with cli_errors():
+        refuse_ignored([(name, not drafter, "--drafter (a plain server drafts nothing)")
+                        for name in ("steps", "topk", "draft_tokens")], locals())
         import shlex
         import sys
 
         from eaglekb.measure.sglang.config import LaunchConfig
-        from eaglekb.measure.sglang.server import launch as lib_launch, wait_ready
-        from eaglekb.measure.setup import check_drafter_fits
+        from eaglekb.measure.sglang.server import check_drafter, launch as lib_launch, wait_ready
 
-        model = check_drafter_fits(target, drafter)
+        model = check_drafter(target, drafter)
         cfg = LaunchConfig(model_path=str(model), draft_model_path=drafter, steps=steps, topk=topk,
                            draft_tokens=draft_tokens, port=port, tp=tp, trust_remote_code=bool(trust_remote_code),
                            dtype=dtype, mem_fraction_static=mem_fraction_static,
@@ -120,7 +125,8 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
     options={"port": whole(1, 65535)},
 )
 def stop(c, port=30000, json=False):
-    """Stop the server invoke sglang.launch started on --port (SIGTERM to its process group, then SIGKILL)."""
+    """Stop the server invoke sglang.launch started on --port (SIGTERM to its process group, then SIGKILL); a pid
+    whose start time or command line no longer match what launch recorded is refused, never signalled."""
     with cli_errors():
         from eaglekb.measure.sglang.server import stop as lib_stop
 

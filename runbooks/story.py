@@ -6,7 +6,6 @@ stay quick.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from eaglekb.io.errors import BadInput
@@ -25,7 +24,7 @@ from runbooks._common import BASELINE_NAME, claim, cli_errors, command_line, emi
     "json": "print one JSON document as the last line",
     "force": "replace an existing prompts file (and its manifest) at --out",
 })
-def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source=1200, max_prompt_chars=1500,
+def prompts(c, out=".eaglekb/story/prompts.jsonl", a_per_source=1152, b_per_source=1200, max_prompt_chars=1500,
             eval_count=16, seed=0, json=False, force=False):
     """Write the A (wiki + chitchat), B (gsm8k + gpqa) and eval prompts of a story run, disjoint by text."""
     with cli_errors():
@@ -45,7 +44,7 @@ def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source
 @task(help={
     "model": "target transformers folder (e.g. the smollm2-135m cache folder) or an embedded name",
     "prompts": "prompts file from story.prompts",
-    "out": "output folder: story.json and drafters.tar.partNN (default $OUT, else .eaglekb/story/out)",
+    "out": "output folder: story.json and drafters.tar.partNN (default .eaglekb/story/out)",
     "work": "datasets, mappings and checkpoints (GBs; default /tmp/eaglekb-story)",
     "tiny": "CPU, tiny random Llama, tiny budgets: checks the plumbing in seconds, numbers mean nothing",
     "device": "auto (CUDA when present) or cpu",
@@ -53,7 +52,7 @@ def prompts(c, out=".carry/story-prompts.jsonl", a_per_source=1152, b_per_source
     "b_small": "also run the three Phase 1 arms on the first N B sequences, same steps (0: off)",
     "soft_limit_s": "past this many seconds, skip the remaining probes and small-budget arms",
     "no_export": "do not write the drafters into the output folder",
-    "export_max_mib": "room for exported drafters (default 60: one device call returns 64 MiB in all)",
+    "export_max_mib": "room for exported drafters in the output folder, in MiB",
     "json": "print one JSON document (the story's verdicts and stage times) as the last line",
     "force": "replace the story output of an earlier run at --out",
 })
@@ -70,7 +69,7 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
         inputs = [prompts, model if model and not tiny and Path(str(cfg.model)).is_dir() else None]
         claim(work, "--work", folder=True, reuse=True, ours=lambda p: (p / "eval-prompts.jsonl").is_file(),
               what="story work folder", inputs=inputs)
-        out = claim(out or os.environ.get("OUT") or ".eaglekb/story/out", "--out", folder=True,
+        out = claim(out or ".eaglekb/story/out", "--out", folder=True,
                     ours=lambda p: (p / lib.STORY_FILE).is_file(), what="story output folder", inputs=inputs + [work])
         doc = lib.run(cfg, out, command=command_line(), log=None if json else print, progress=not json)
     emit({k: doc.get(k) for k in ("arms", "verdicts", "verdict_basis", "stages", "skipped", "complete")}, None, json)
@@ -79,7 +78,7 @@ def run(c, model=None, prompts=None, out=None, work="/tmp/eaglekb-story", tiny=F
 @task(help={
     "run_dir": "a story.run output folder (story.json, drafters.tar.partNN); the run must have finished",
     "prefix": "baseline name prefix, e.g. story-h200 (names: PREFIX-a, PREFIX-b-remap, PREFIX-verdicts ...)",
-    "commit": "the git commit the run was made at (the device machine has no git checkout)",
+    "commit": "the git commit the run was made at (needed when the run was made outside a git checkout)",
     "command": "the exact command of the run (default: the one story.json recorded)",
     "drafters": "also unpack the exported drafters here, hashes checked (e.g. .eaglekb/story/drafters)",
     "pieces": "folder of drafters.tar.partNN + drafters-export.json from story.export (default: RUN_DIR)",
@@ -145,8 +144,8 @@ def _record_story(made, *, check: bool, dry_run: bool, force: bool) -> tuple[lis
 
 @task(help={
     "work": "the run's work folder (holds run-NAME/drafter)",
-    "names": "comma-separated drafters to export, e.g. b-remap,a-scratch (what fits one transfer: 64 MiB)",
-    "out": "output folder (default $OUT)",
+    "names": "comma-separated drafters to export, e.g. b-remap,a-scratch",
+    "out": "output folder (default .eaglekb/story/export)",
     "json": "print one JSON document as the last line",
     "force": "replace an earlier export at --out",
 })
@@ -155,7 +154,7 @@ def export(c, names, work="/tmp/eaglekb-story", out=None, json=False, force=Fals
     with cli_errors():
         from eaglekb.studies import story as lib
 
-        out = claim(out or os.environ.get("OUT") or ".eaglekb/story/export", "--out", folder=True,
+        out = claim(out or ".eaglekb/story/export", "--out", folder=True,
                     ours=lambda p: (p / lib.EXPORT_FILE).is_file(), what="export folder", inputs=[work])
         doc = lib.export_from_work(work, [n.strip() for n in str(names).split(",") if n.strip()], out)
     emit(doc, f"exported {', '.join(doc['drafters'])}: {doc['bytes']} bytes in {len(doc['parts'])} pieces to {out}",

@@ -93,10 +93,18 @@ def on_config(config):
 
 
 def _nav_findings(config, ids: list[str]) -> None:
-    """The Findings section of the navigation: its index, then every finding page in order (no hand-kept list)."""
-    for entry in config.get("nav") or []:
-        if isinstance(entry, dict) and "Findings" in entry:
-            entry["Findings"] = ["findings/index.md", *(f"findings/{fid}.md" for fid in ids)]
+    """The Findings section of the navigation, at any depth: its index, then every finding page in order (no
+    hand-kept list)."""
+    def fill(entries) -> None:
+        for entry in entries or []:
+            if isinstance(entry, dict):
+                for title, value in entry.items():
+                    if title == "Findings":
+                        entry[title] = ["findings/index.md", *(f"findings/{fid}.md" for fid in ids)]
+                    elif isinstance(value, list):
+                        fill(value)
+
+    fill(config.get("nav"))
 
 
 def on_nav(nav, config, files):

@@ -18,7 +18,8 @@ Owns the datagen run, from a prompt set to a dataset folder:
 3. *Store* packed sequences in shards (``eaglekb.formats.shards``) plus the manifest
    (corpus manifests, target, capture points, counts, bytes per token, throughput). A
    rerun skips shards already written, so an interrupted run resumes; a rerun with
-   another config is refused (``DatagenConfig``'s identity hash; another --slice: ``check_slice``).
+   another config is refused (``DatagenConfig``'s identity hash; another --slice: ``check_slice``); what a
+   run refused before its first shard left is taken up by the rerun (``is_datagen_folder``).
 
 Also: the storage report a recorded run keeps, and its text rendering.
 
@@ -110,9 +111,6 @@ def sequence_id(prompt_id: str, k: int, temperature: float) -> str:
     return prompt_id if k == 0 else f"{prompt_id}@t{temperature:g}#{k}"
 
 
-# ----------------------------------------------------------------------------- identity and resume
-
-
 def config_hash(doc: dict) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -142,7 +140,8 @@ def target_summary(model_config) -> dict:
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any]:
-    """The first (dotted path, old, new) where two nested config dicts differ."""
+    """The first (dotted path, old, new) where two nested dicts differ, as JSON (a tuple equals its list)."""
+    a, b = (json.loads(json.dumps(x, sort_keys=True, default=str)) for x in (a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
@@ -164,24 +163,26 @@ def check_slice(out: str | Path, part: str | None) -> None:
     """A dataset folder holds one slice of a mix (``--slice K/N``) or the whole mix; another there would mix data."""
     existing = read_manifest(Path(out))
     held = (existing or {}).get("identity", {}).get("slice")
-    if existing is not None and held != part:
+    if existing is not None and existing.get("shards") and held != part:
         raise Incompatible("output folder holds another slice of the prompts", where=str(Path(out) / MANIFEST),
                            expected=f"--slice {held}" if held else "no --slice (it holds the whole mix)",
                            found=f"--slice {part}" if part else "no --slice", fix="give each slice its own --out")
 
 
 def _prepare_out(out: Path, identity: dict) -> dict:
-    """The manifest to continue from: a fresh one, or the existing one if it is the same config."""
+    """The manifest to continue from: the existing one if it is the same config, else a fresh one (also over
+    a manifest of no shards: a run refused before its first shard leaves one, and it holds no data)."""
     out.mkdir(parents=True, exist_ok=True)
     existing = read_manifest(out)
     ident_hash = config_hash(identity)
-    if existing is not None:
+    if existing is not None and (existing.get("shards") or any(out.glob(SHARD_GLOB))):
         check_slice(out, identity.get("slice"))
         if existing.get("identity_hash") != ident_hash:
             where, old, new = first_difference(existing.get("identity", {}), identity)
-            diff = f"{where}: {old!r} != {new!r}"
             raise Incompatible("output folder holds a dataset of another config", where=str(out / MANIFEST),
-                               expected=f"identity {ident_hash}", found=f"{existing.get('identity_hash')} ({diff})",
+                               expected=f"identity {ident_hash}",
+                               found=f"{existing.get('identity_hash')} ({where}: {json.dumps(old)} before, "
+                                     f"{json.dumps(new)} now)",
                                fix="use another --out (nothing was overwritten)")
         return existing
     if any(out.glob(SHARD_GLOB)):
@@ -189,6 +190,12 @@ def _prepare_out(out: Path, identity: dict) -> dict:
                            fix="use an empty --out (nothing was overwritten)")
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "identity": identity,
             "identity_hash": ident_hash, "shards": {}}
+
+
+def is_datagen_folder(out: str | Path) -> bool:
+    """A folder datagen wrote, which a rerun continues: a manifest, or what a run writes before its first shard
+    (the target head, a server's responses), so a run refused before then does not block its corrected rerun."""
+    return any((Path(out) / name).is_file() for name in (MANIFEST, HEAD_FILE, RESPONSES))
 
 
 def write_manifest(out: Path, manifest: dict, cfg: DatagenConfig) -> None:
@@ -465,21 +472,14 @@ def _metric_key(name: str) -> str:
 
 def storage_report(manifest: dict) -> dict:
     """The numbers a recorded datagen run keeps (units in the names)."""
-    tot = manifest["totals"]
-    last = manifest.get("last_run", {})
-    ident = manifest["identity"]
+    tot, last, ident = manifest["totals"], manifest.get("last_run", {}), manifest["identity"]
     return {
-        "sequences_count": tot["sequences"],
-        "tokens_count": tot["tokens"],
-        "loss_tokens_count": tot["loss_tokens"],
-        "shard_bytes": tot["shard_bytes"],
-        "bytes_per_token_bytes": tot["bytes_per_token"],
+        "sequences_count": tot["sequences"], "tokens_count": tot["tokens"], "loss_tokens_count": tot["loss_tokens"],
+        "shard_bytes": tot["shard_bytes"], "bytes_per_token_bytes": tot["bytes_per_token"],
         "hidden_state_bytes_per_token_bytes": tot["hidden_bytes_per_token"],
         "target_hidden_size_count": ident["target"]["hidden_size"],
-        "generate_tok_s": last.get("generate_tok_s"),
-        "features_tok_s": last.get("features_tok_s"),
-        "wall_s": last.get("wall_s"),
-        "processes_count": last.get("processes_count", 1),
+        "generate_tok_s": last.get("generate_tok_s"), "features_tok_s": last.get("features_tok_s"),
+        "wall_s": last.get("wall_s"), "processes_count": last.get("processes_count", 1),
         "responses_per_prompt_count": len(ident["config"].get("sample_temperatures") or ()) + 1,
         "by_source": {_metric_key(src): {"sequences_count": d["sequences"], "tokens_count": d["tokens"],
                                          "loss_tokens_count": d["loss_tokens"]}

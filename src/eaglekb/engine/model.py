@@ -16,7 +16,7 @@ fixed-shape steps (``compiled=True``, inside CUDA graphs), the prompt prefill st
 eager so prompts of any length never trigger a recompile.
 
 Why not call the HF module: its cache API changes between transformers releases
-(5.17 on the GPU machine, 5.24 here) and its StaticCache failed on the GPU. The
+(5.17 and 5.24 differ) and its StaticCache failed on a GPU. The
 unfused weights are the HF module's own tensors (no copy); ``tests/engine`` checks
 the logits against HF's forward.
 

@@ -16,7 +16,8 @@ plus the tensor-name constants, the name conversions between the two, and the fi
 ``invoke inspect`` and every loader (probe, bench, finetune --init) share, so that nothing passes one
 and fails the other: ``layout_problems`` (heads that do not divide over the KV heads, an fc bias, another
 activation), ``expected_shapes`` (every tensor's shape from the config) and ``nonfinite_tensors`` (NaN or
-inf weights); ``is_drafter_folder`` says whether a folder looks like one (what ``--force`` may replace).
+inf weights, checked in ``read_tensors``; ``nonfinite_in_file`` for a target's shards);
+``is_drafter_folder`` says whether a folder looks like one (what ``--force`` may replace).
 
 Layer ids: eaglekb keeps ``aux_layer_ids`` in SGLang's config convention (SGLang
 captures ``id + 1``). Speculators configs are read by vLLM as capture points
@@ -39,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, IntegrityError, MissingFile, SchemaError
-from eaglekb.io.files import atomic_save_safetensors, atomic_write_json, read_json, read_safetensors
+from eaglekb.io.files import (atomic_save_safetensors, atomic_write_json, read_json, read_safetensors,
+                              safetensors_keys)
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
@@ -70,6 +72,7 @@ _PASSIVE_FIELDS = {
     "use_cache", "attention_bias", "attention_dropout", "mlp_bias", "rope_scaling",
     "rope_parameters", "transformers_version", "tie_word_embeddings", "_name_or_path",
     "bias", "hidden_act", "head_dim", "target_hidden_size", "rope_theta", "draft_vocab_size",
+    "eaglekb_method", "parallel_draft_tokens",  # kept in extra; eaglekb.models.parallel_drafter reads them
 }
 
 
@@ -299,18 +302,37 @@ def expected_shapes(cfg: DrafterConfig, *, with_embeddings: bool = False) -> dic
     return out
 
 
-def nonfinite_tensors(tensors: dict) -> list[str]:
-    """The names of the floating tensors that hold a NaN or an infinity (sorted)."""
+def is_finite(tensor) -> bool:
+    """A tensor holds no NaN and no infinity (integer tensors always; float8, which ``isfinite`` has no kernel
+    for, through float16, which keeps its NaN)."""
     import torch
 
-    return sorted(k for k, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all()))
+    if not tensor.is_floating_point():
+        return True
+    if tensor.element_size() == 1:
+        tensor = tensor.to(torch.float16)
+    return bool(torch.isfinite(tensor).all())
 
 
-def nonfinite_error(bad: list[str], where: str) -> IntegrityError:
-    """The one line for weights that are not all finite (a loader raises it; inspect reports it)."""
-    return IntegrityError("drafter weights hold NaN or inf", where=f"{where}:{bad[0]}", expected="finite numbers",
+def nonfinite_tensors(tensors: dict) -> list[str]:
+    """The names of the floating tensors that hold a NaN or an infinity (sorted)."""
+    return sorted(k for k, t in tensors.items() if not is_finite(t))
+
+
+def nonfinite_in_file(path: str | Path) -> list[str]:
+    """``nonfinite_tensors`` of one safetensors file, one tensor in memory at a time (a target's shards)."""
+    names, _ = safetensors_keys(path)
+    return sorted(k for k in names if not is_finite(read_safetensors(path, keys=[k])[k]))
+
+
+def nonfinite_error(bad: list[str], where: str, *, what: str = "drafter") -> IntegrityError:
+    """The one line for weights that are not all finite (a loader raises it; inspect reports it); ``where``
+    the file that holds them."""
+    return IntegrityError(f"{what} weights hold NaN or inf", where=f"{where}:{bad[0]}", expected="finite numbers",
                           found=f"{len(bad)} tensor(s) with NaN or inf: {', '.join(bad[:3])}",
-                          fix="retrain, or restore the drafter from where it came; a run would draft garbage")
+                          fix="retrain, or restore the drafter from where it came; a run would draft garbage"
+                          if what == "drafter" else f"restore the {what} from where it came (download or convert it "
+                          "again); a run would compute garbage")
 
 
 def is_drafter_folder(path: str | Path) -> bool:
@@ -401,6 +423,9 @@ def read_tensors(path: str | Path) -> dict:
     out: dict = {}
     for file in weight_files(path):
         tensors = read_safetensors(file)
+        bad = nonfinite_tensors(tensors)  # every drafter load passes here: probe, bench, launch, finetune, remap
+        if bad:
+            raise nonfinite_error(bad, str(file))
         dup = set(out) & set(tensors)
         if dup:
             raise IntegrityError("tensor stored twice", where=str(file), found=sorted(dup)[0])

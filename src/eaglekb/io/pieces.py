@@ -1,4 +1,4 @@
-"""Files hashed, split into pieces for transfers with a size limit, and joined back, checked.
+"""Files hashed, split into pieces no larger than a size the caller picks, and joined back, checked.
 
 Owns, once for the project:
 
@@ -12,8 +12,8 @@ Owns, once for the project:
   line naming it), then the whole written atomically (temp file, rename) and its hash checked before
   the rename, so a bad join leaves nothing behind.
 
-Used for the serving stack's wheel set (``eaglekb.measure.sglang.stack``), training checkpoints brought
-back from machines that return a few MiB a file, and model chunk packages. Knows nothing about what the
+Used for the serving stack's wheel set (``eaglekb.measure.sglang.stack``), training checkpoints
+written in pieces (``finetune --pieces-out``), and model chunk packages. Knows nothing about what the
 files hold.
 """
 

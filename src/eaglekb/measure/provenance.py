@@ -47,7 +47,7 @@ def git_state(root: Path) -> dict[str, Any]:
     """Commit hash and whether the working tree has uncommitted changes.
 
     ``EAGLEKB_GIT_COMMIT`` (and ``EAGLEKB_GIT_DIRTY``, 0 or 1) override git for a copy of the tree
-    whose ``.git`` is absent or stale, such as the working tree sent to a lent GPU machine."""
+    whose ``.git`` is absent or stale, such as a working tree copied to another machine without its history."""
     if os.environ.get("EAGLEKB_GIT_COMMIT"):
         return {"git_commit": os.environ["EAGLEKB_GIT_COMMIT"],
                 "git_dirty": os.environ.get("EAGLEKB_GIT_DIRTY", "0") not in ("0", "", "false")}
@@ -153,7 +153,7 @@ def from_device_env(env: dict[str, Any], command: str, commit: str | None, drive
                     cpus: int | None = None) -> dict[str, Any]:
     """Provenance of a run made on another machine, from the small ``env`` its JSON carries.
 
-    The device machine has no git checkout (so the commit is given) and may lack packages we would
+    That machine may have no git checkout (so the commit is given) and may lack packages we would
     otherwise ask for; a fuller capture taken there (``capture()``'s shape) is used as is instead.
     """
     if "host" in env and isinstance(env["host"], dict):  # a full capture() made on that machine

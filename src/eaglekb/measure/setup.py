@@ -39,16 +39,16 @@ class DrafterHome:
 
 
 #: The drafter of each embedded target. qwen2.5-coder-0.5b's is not committed: one-layer drafters of a
-#: 151,936-token target take 49-91 MiB in bf16 (8K-32K draft tokens), and every GPU call carries the whole
-#: repository within 64 MiB (docs/howto/new-target.md, "Where the drafter lives").
+#: 151,936-token target take 49-91 MiB in bf16 (8K-32K draft tokens), too large to keep in git
+#: (docs/howto/new-target.md, "Where the drafter lives").
 DRAFTERS = {
     "smollm2-135m": DrafterHome(DEFAULT_DRAFTER, committed=True,
                                 obtain="it is committed: restore drafters/smollm2-135m-default from git"),
     "qwen2.5-coder-0.5b": DrafterHome(
         ".eaglekb/drafters/qwen2.5-coder-0.5b", committed=False,
         sha256="1d68a929265cdd2468e7a68999f66c3aed6c4577fe9a03f239b6694b7b33b1f7",  # finetune/h200-qwen05-r2
-        obtain="train it with the GPU session of docs/howto/new-target.md (one H200 call: datagen, vocab.build, "
-               "finetune; the drafter comes back in 4 pieces and is joined there, 66 MB in bf16), or pass --drafter PATH"),
+        obtain="train it as docs/howto/new-target.md shows (datagen, vocab.build, finetune on a GPU; "
+               "66 MB in bf16), or pass --drafter PATH"),
 }
 
 
@@ -143,10 +143,12 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
 
 
 def check_drafter_fits(target: str, drafter: str | None) -> Path:
-    """The target's folder, after checking (config only, no weights loaded) that the drafter fits it."""
+    """The target's folder, after checking it as every load does (``check_model_folder``: config, safetensors,
+    finite weights, one tensor at a time) and (config only) that the drafter fits it."""
     from transformers import AutoConfig
 
     path = sources.resolve(target, prepare_missing=False)
+    check_model_folder(path)
     if drafter:
         cfg = AutoConfig.from_pretrained(str(path))
         check_shapes(read_drafter(drafter, target_config=cfg), int(cfg.hidden_size), int(cfg.vocab_size))
@@ -155,7 +157,7 @@ def check_drafter_fits(target: str, drafter: str | None) -> Path:
 
 def check_before_weights(cfg: dict, drafters: dict, *, where: str) -> None:
     """From the target's config.json alone: an architecture the engine supports, drafters (``{"--drafter D":
-    model}``) built for its vocabulary and hidden size (refused before its weights load or device time is spent)."""
+    model}``) built for its vocabulary and hidden size (refused before its weights load or any GPU time is spent)."""
     check_architecture(cfg, where=where)
     for what, dr in drafters.items():
         if dr is None or not cfg.get("vocab_size") or not cfg.get("hidden_size"):

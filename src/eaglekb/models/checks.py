@@ -2,7 +2,8 @@
 
 Owns: ``check_model_folder`` (config.json a JSON object whose size fields are whole numbers in range and
 whose float fields are numbers; weights in safetensors only, a pickle checkpoint refused and never opened;
-the output head the config promises present in the weights, ``check_head``;
+the output head the config promises present in the weights, ``check_head``; no NaN or infinity in them,
+``check_finite_weights``, the same check as a drafter's;
 a config that describes a model far larger than its weight files refused before any allocation), and
 ``load_causal_lm`` (transformers' ``from_pretrained`` with safetensors only, no remote code, and its
 failures as one line naming the folder). Knows nothing about drafters, prompts or the task runner.
@@ -14,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from eaglekb.formats.drafter import nonfinite_error, nonfinite_in_file
 from eaglekb.io.errors import EaglekbError, IntegrityError, MissingFile, SchemaError
 from eaglekb.io.files import read_json, read_safetensors, safetensors_keys
 
@@ -122,6 +124,26 @@ def check_head(folder: Path, cfg: dict[str, Any], keys: dict[str, Path]) -> None
                                  found=f"true, stored head differs ({gap}); transformers would drop it")
 
 
+#: Weight files already found finite in this process: (path, size, mtime), so a run that checks a folder
+#: before loading it (probe, bench) reads each tensor once for this check.
+_FINITE: set[tuple[str, int, int]] = set()
+
+
+def check_finite_weights(files: list[Path]) -> None:
+    """Every floating tensor of ``files`` holds no NaN and no infinity (one tensor in memory at a time);
+    refused with one line naming the file and the tensor: a target that computes NaN would make every
+    acceptance and every generated token meaningless."""
+    for file in files:
+        st = file.stat()
+        key = (str(file.resolve()), st.st_size, st.st_mtime_ns)
+        if key in _FINITE:
+            continue
+        bad = nonfinite_in_file(file)
+        if bad:
+            raise nonfinite_error(bad, str(file), what="model")
+        _FINITE.add(key)
+
+
 def stored_bytes(files: list[Path]) -> int:
     """Bytes of tensor data in safetensors files (their sizes on disk; the headers are small)."""
     return sum(p.stat().st_size for p in files)
@@ -130,9 +152,9 @@ def stored_bytes(files: list[Path]) -> int:
 def check_model_folder(folder: str | Path, *, weights: bool = True) -> dict[str, Any]:
     """Check a model folder before loading it; returns its config.
 
-    ``weights`` (default): the folder must hold safetensors weights (pickles refused), and a config that
-    describes a model far larger than those files (less than one bit per described parameter) is refused
-    before transformers allocates it.
+    ``weights`` (default): the folder must hold safetensors weights (pickles refused) that are all finite, and
+    a config that describes a model far larger than those files (less than one bit per described parameter)
+    is refused before transformers allocates it.
     """
     folder = Path(folder)
     if not (folder / "config.json").is_file():
@@ -154,6 +176,7 @@ def check_model_folder(folder: str | Path, *, weights: bool = True) -> dict[str,
                              expected=f"about {stored:,} bytes of weights or fewer parameters",
                              found=f"{params:,} parameters in config.json",
                              fix="check config.json (hidden_size, num_hidden_layers, intermediate_size, vocab_size)")
+    check_finite_weights(files)
     return cfg
 
 

@@ -16,14 +16,19 @@ endpoints the project uses:
   ``/get_server_info`` (``server_info``), ``/flush_cache`` and the torch profiler's
   ``/start_profile`` (``start_profile``).
 
+A URL is checked where it enters (``check_url``): scheme, host, port, no spaces, control characters or
+non-ASCII text, each refused in one line naming the option it came from.
+
 Knows nothing about datasets, prompt sets, benchmarks, the launch command or the task runner.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -103,6 +108,29 @@ def parse_generate(doc: Any, where: str = "/generate response") -> Completion:
                       output_ids=ids, server=server)
 
 
+def check_url(url: Any, option: str = "--url") -> str:
+    """``url`` without a trailing ``/`` after checking it is an http(s) URL with a host and a valid port, in
+    printable ASCII (a space or control character would reach the HTTP request line); one line otherwise."""
+    form = "a URL such as http://127.0.0.1:30000"
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise BadInput("server URL must start with http:// or https://", where=option, expected=form,
+                       found=repr(url)[:120])
+    bad = next((ch for ch in url if not 32 < ord(ch) < 127), None)
+    if bad is not None:
+        raise BadInput("server URL holds a space, control character or non-ASCII character", where=option,
+                       expected=form, found=f"{bad!r} in {url!r}"[:160])
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise BadInput("server URL is malformed", where=option, expected=form,
+                       found=f"{url!r}: {exc}"[:160]) from None
+    if not parts.hostname or port == 0:
+        raise BadInput("server URL has no host" if not parts.hostname else "server URL has port 0", where=option,
+                       expected=form, found=repr(url)[:120])
+    return url.rstrip("/")
+
+
 class SGLangClient:
     """A running SGLang (or, for ``chat``, any OpenAI-compatible) server.
 
@@ -112,9 +140,7 @@ class SGLangClient:
 
     def __init__(self, url: str = DEFAULT_URL, *, model: str = "default", timeout: float = 600.0,
                  option: str = "--url"):
-        if not url.startswith(("http://", "https://")):
-            raise BadInput("server URL must start with http:// or https://", where=option, found=repr(url))
-        self.url = url.rstrip("/")
+        self.url = check_url(url, option)
         self.model = model
         self.timeout = timeout
         self.option = option
@@ -132,6 +158,8 @@ class SGLangClient:
             text = exc.read()[:200].decode(errors="replace").replace("\n", " ").strip()
             raise Unavailable("SGLang server answered with an error", where=url, expected="HTTP 200",
                               found=f"HTTP {exc.code}" + (f": {text}" if text else "")) from None
+        except http.client.InvalidURL as exc:  # what check_url missed: still the user's URL, one line
+            raise BadInput("server URL rejected", where=self.option, found=f"{url!r}: {exc}"[:160]) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = (str(getattr(exc, "reason", exc)).splitlines() or [type(exc).__name__])[0][:160]
             fix = f"start it (python -m sglang.launch_server ...) or pass the right {self.option}"
@@ -189,7 +217,7 @@ class SGLangClient:
 
     def generate(self, prompt: str | list[int], max_new_tokens: int, *, temperature: float = 0.0,
                  ignore_eos: bool = True) -> Completion:
-        """One native ``/generate`` call (text or token ids), timed."""
+        """One native ``/generate`` request (text or token ids), timed."""
         body: dict[str, Any] = {"sampling_params": {"max_new_tokens": max_new_tokens, "temperature": temperature,
                                                     "ignore_eos": ignore_eos}}
         body["input_ids" if isinstance(prompt, list) else "text"] = prompt

@@ -16,7 +16,7 @@ Checkpoints across machines that do not outlive a run (``pack_checkpoint`` /
 ``unpack_checkpoint``): the trainer state is cut into pieces with
 ``eaglekb.io.pieces.split`` beside one ``step-N.checkpoint.json`` that holds the small
 files (``config.json``, ``state.json``) and the SHA-256 of ``model.safetensors``, which is
-not carried: it is rebuilt from the float32 parameters and checked against that hash.
+not in the pieces: it is rebuilt from the float32 parameters and checked against that hash.
 Unpacking checks every piece, the fingerprint and the rebuilt drafter before the
 checkpoint appears under ``out/checkpoints`` (a temp folder, then renamed): a missing,
 truncated or corrupt piece, or a checkpoint of another config, is one line and leaves the

@@ -369,6 +369,10 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     if cfg.repeats < 1 or cfg.warmup < 0 or cfg.max_new_tokens < 1:
         raise BadInput("repeats and tokens must be >= 1, warm-up >= 0", where="--repeats/--warmup/--max-new-tokens",
                        found=f"{cfg.repeats}/{cfg.warmup}/{cfg.max_new_tokens}")
+    keys = set_keys(cfg.prompts)  # before any request: a prompt file's set keyed by its name, a clash refused here
+    if cfg.plan is not None and not cfg.engine:
+        raise BadInput("a prediction needs our engine's accept length on the same prompts", where="--plan",
+                       expected="--engine beside --plan", found="no --engine")
     client = SGLangClient(cfg.url, option="--url")
     plain = SGLangClient(cfg.plain_url, option="--plain-url") if cfg.plain_url else None
     info = client.server_info()
@@ -385,10 +389,6 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     else:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(target_path)
-    keys = set_keys(cfg.prompts)  # before any GPU time: a name no result key can hold is refused here
-    if cfg.plan is not None and not cfg.engine:
-        raise BadInput("a prediction needs our engine's accept length on the same prompts", where="--plan",
-                       expected="--engine beside --plan", found="no --engine")
     sets = {name: eval_prompts(name, cfg.num_prompts) for name in cfg.prompts}
     encoded = {n: runsetup.encode(tok, s, max_prompt_tokens=cfg.max_prompt_tokens) for n, s in sets.items()}
     engine, sc = _load_engine(cfg, spec, [p for ps in encoded.values() for p in ps], loaded) if loaded else (None, None)

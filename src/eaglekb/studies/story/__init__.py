@@ -17,11 +17,10 @@ What one run measures (greedy throughout, one target, one seed):
 Three steps, each a runbook task (``runbooks/story.py``) over the modules here:
 
 1. ``write_prompts`` (``prompt_sets``): the A / B / eval prompts as one prompt-sets file (needs the corpus
-   packages; the GPU machine does not have them, so this runs where they are installed);
+   packages, so it runs where they are installed, which need not be the machine that runs the story);
 2. ``run`` (``pipeline``, its stages in ``stages`` and ``arms``): everything above, writing ``story.json``
    (``document``) after every stage (a killed run keeps what it finished) and, at the end, as many of the main
-   drafters as fit ``export_max_mib`` as ``drafters.tar.partNN`` (``drafters``: 16 MiB pieces; one device call
-   returns 64 MiB in all, story.json included);
+   drafters as fit ``export_max_mib`` as ``drafters.tar.partNN`` (``drafters``: 16 MiB pieces);
 3. ``baseline_specs`` (``record``): the baselines of a run's output folder as plain dicts, with the provenance
    of the machine that ran it; the runbook validates and writes them through ``eaglekb.kb.baselines``.
 

@@ -57,8 +57,8 @@ class StoryConfig:
     probe_steps: int = 3
     soft_limit_s: float = 480.0
     export_drafters: bool = True
-    #: what the exported drafters may take in the output folder: one device call brings back 64 MiB in all,
-    #: and story.json must fit beside them (four smollm2 drafters are 75 MiB; three are 56.5)
+    #: what the exported drafters may take in the output folder, in MiB (four smollm2 drafters are 75 MiB;
+    #: three are 56.5)
     export_max_mib: float = 60.0
     seed: int = 0
 

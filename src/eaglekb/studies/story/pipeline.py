@@ -2,7 +2,7 @@
 
 Owns ``run`` (the order of the stages over one ``RunState``), the verdict stage (``judge``: every probed
 drafter against break-even at the median measured cycle time and plain-decode rate, ``verdicts``), the export
-stage (the main drafters that fit one transfer) and the close of the run. Knows nothing about how each stage
+stage (the main drafters that fit ``export_max_mib``) and the close of the run. Knows nothing about how each stage
 does its work.
 """
 
