@@ -9,7 +9,7 @@ wrappers; ``gsm8k-code``: the same questions as Python programming tasks, the co
 of a code target), ``py-functions`` (networkx's documented public functions as
 HumanEval-shaped stubs to complete, ``eaglekb.data.pystubs``), their deterministic
 train/eval split, and the manifest (source, package, version, item and prompt
-counts, variants, seed, hash) recorded with every dataset.
+counts, variants, seed, hash) recorded with every dataset; the chat sources (``chat_sources``) come last.
 
 Evaluation prompts never enter training: HumanEval is evaluation-only, GSM8K's
 first 200 test questions are the fixed evaluation slice, and every other source
@@ -17,8 +17,7 @@ holds out the items whose prompt (or stub) text hashes into a fixed 1-in-20 buck
 split is decided per underlying *item* (a title, a conversation, a question),
 never per generated prompt: a derived corpus holds out exactly the items its base
 corpus holds out, so no variant of an evaluation item reaches training, and its
-training prompts never carry a message equal to one of the base's evaluation
-prompts.
+training prompts never carry a message equal to one of the base's evaluation prompts.
 
 Reads the packages' data files (networkx: its source, as text) through
 importlib.metadata without importing the packages; knows nothing about prompt
@@ -37,6 +36,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal
 
+from eaglekb.data import chat_sources
 from eaglekb.data.pystubs import STUB_TEMPLATES, function_stubs
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 
@@ -313,6 +313,7 @@ SOURCES: dict[str, CorpusSource] = {
                      f"documented public networkx functions as stubs to complete ({len(STUB_TEMPLATES)} wrappers)",
                      None, builder=_py_functions, render=partial(_render_with, STUB_TEMPLATES),
                      default_variants=1, max_variants=len(STUB_TEMPLATES)),
+        *chat_sources.corpus_sources(CorpusSource, lambda: (SOURCES, load, normalise)),  # chat prompts
     )
 }
 #: Named evaluation sets (never in training): HumanEval, and GSM8K's fixed first-200 slice.

@@ -19,7 +19,8 @@ Owns:
   each prompt goes to a slice by a stable hash of its underlying item, so N sessions generate
   disjoint parts of one mix that together are all of it, never splitting an item's variants;
 * ``eval_prompts``: an evaluation set by name (``builtin``, a held-out corpora set
-  such as ``gsm8k-eval``, or a prompts file) for probe and bench.
+  such as ``gsm8k-eval``, ``NAME-heldout`` for the held-out split of training corpus NAME, or
+  a prompts file) for probe and bench.
 
 Knows nothing about tokenizers, models, datasets or the task runner; the corpora
 themselves (sources, splits, manifests) are ``eaglekb.data.corpora``.
@@ -289,7 +290,8 @@ def set_keys(specs: Sequence[str]) -> dict[str, str]:
 
 
 def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
-    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``) or a prompts file.
+    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``), ``NAME-heldout`` (the
+    held-out split of training corpus NAME: ``chatterbot-heldout``, ``chitchat-heldout``) or a prompts file.
 
     ``num``: the first ``num`` prompts; a set with fewer is refused (``--num-prompts``), not clamped."""
     if num is not None and num < 1:
@@ -308,6 +310,8 @@ def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
         return s
     if spec in corpora.EVAL_SETS:
         return _enough(corpora.load(spec, split="eval", limit=num), num, spec)
+    if spec.endswith("-heldout") and spec[: -len("-heldout")] in corpora.TRAINING_CORPORA:
+        return _enough(corpora.load(spec[: -len("-heldout")], split="eval", limit=num), num, spec)
     raise BadInput("unknown prompt set", where="--prompts",
-                   expected="builtin, " + ", ".join(corpora.EVAL_SETS) + " (held out) or a prompts file",
-                   found=repr(spec))
+                   expected="builtin, " + ", ".join(corpora.EVAL_SETS) + ", CORPUS-heldout (a training corpus's "
+                   "held-out split, e.g. chatterbot-heldout) or a prompts file", found=repr(spec))
