@@ -41,25 +41,23 @@ def test_every_headline_number_comes_from_a_placeholder():
         assert [(k, pages.hand_typed_figures(v)) for k, v in meta if pages.hand_typed_figures(v)] == [], page
 
 
-#: Findings whose claim still holds hand-typed figures (older or long claims not yet rendered from placeholders).
-#: Shrink it as claims are converted; a finding converted stays converted (the test below).
-CLAIMS_NOT_YET_FROM_PLACEHOLDERS = {
-    "F10-steps-bound-the-default-drafter", "F11-default-drafter-stalls-below-the-goal",
-    "F12-warm-restart-and-fused-draft", "F15-a-151k-token-target", "F16-training-rate-on-one-h200",
-}
-
-
 def test_every_claim_takes_its_figures_from_placeholders():
     """A finding's claim states its measured figures through ``metric``/``config`` placeholders (a goal through
     ``quote``), so the claim, the headline and the page body cannot drift apart."""
     typed = {fid: [fig for _, fig in pages.hand_typed_figures(f.claim)] for fid, f in FINDINGS.items()}
-    bad = {fid: figs for fid, figs in typed.items() if figs and fid not in CLAIMS_NOT_YET_FROM_PLACEHOLDERS}
+    bad = {fid: figs for fid, figs in typed.items() if figs}
     assert not bad, f"hand-typed figures in claims: {bad}"
-    assert all(typed[fid] for fid in CLAIMS_NOT_YET_FROM_PLACEHOLDERS), \
-        "converted: drop it from CLAIMS_NOT_YET_FROM_PLACEHOLDERS"
     for fid, f in FINDINGS.items():
         for bid, _path in METRIC.findall(f.claim):
             assert bid in RECORDS, (fid, bid)
+
+
+def test_no_title_holds_a_figure():
+    """The hooks print a finding's title as text (placeholders are not rendered there), so a title states the
+    finding in words and leaves its numbers to the rendered claim and headline."""
+    bad = {fid: [fig for _, fig in pages.hand_typed_figures(f.title)] for fid, f in FINDINGS.items()}
+    bad = {fid: figs for fid, figs in bad.items() if figs or "{{" in FINDINGS[fid].title}
+    assert not bad, f"figures or placeholders in finding titles: {bad}"
 
 
 def test_a_target_page_names_its_drafter_by_the_hash_the_records_store():
@@ -71,6 +69,18 @@ def test_a_target_page_names_its_drafter_by_the_hash_the_records_store():
         assert named <= stored, f"{page.name}: {sorted(named - stored)} is no drafter hash a baseline stores"
     assert "35af1cca8e51e558253081b6dd88f54770dfabd5c86e6d6c555d97df1afa6abc" in \
         (DOCS / "targets/qwen2.5-coder-0.5b.md").read_text()
+
+
+def test_the_drafter_table_names_each_drafter_by_the_hash_the_records_store():
+    """``DRAFTERS`` (where a drafter kept outside the repository lives) names it by the content hash the
+    baselines store for it (over config.json + model.safetensors), never by the hash of one of its files."""
+    from eaglekb.measure.setup import DRAFTERS
+
+    stored = {entry["sha256"] for d in RECORDS.values() for entry in (d["provenance"].get("inputs") or {}).values()
+              if entry["role"] == "drafter" and entry.get("sha256")}
+    named = {target: home.sha256 for target, home in DRAFTERS.items() if home.sha256}
+    assert named, "no drafter kept outside the repository names its hash"
+    assert {t: h for t, h in named.items() if h not in stored} == {}
 
 
 def test_hand_typed_figure_is_caught():

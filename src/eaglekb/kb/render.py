@@ -60,11 +60,14 @@ def _capped(rows: list[str], total: int) -> list[str]:
 
 
 def fmt(value: float, unit: str | None = None) -> str:
-    """A number as the site shows it: integers plain, others to 4 significant digits."""
+    """A number as the site shows it: integers plain, others to 4 significant digits (from 1,000 on, whole and
+    grouped: 75,812, never 7.581e+04)."""
     if isinstance(value, bool):
         return str(value)
     if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 100):
         text = f"{int(value):,}"
+    elif abs(value) >= 1000:
+        text = f"{value:,.0f}"
     elif unit == "_frac":
         text = f"{value:.4f}"
     else:
