@@ -34,7 +34,9 @@ class DrafterHome:
 
     path: str
     committed: bool
-    sha256: str | None = None  # of model.safetensors, for a drafter kept outside the repository
+    #: For a drafter kept outside the repository: its content sha256 as the baselines store it
+    #: (``provenance.input_identity``: over config.json + model.safetensors, read in that order).
+    sha256: str | None = None
     obtain: str = ""
 
 
@@ -46,7 +48,7 @@ DRAFTERS = {
                                 obtain="it is committed: restore drafters/smollm2-135m-default from git"),
     "qwen2.5-coder-0.5b": DrafterHome(
         ".eaglekb/drafters/qwen2.5-coder-0.5b", committed=False,
-        sha256="1d68a929265cdd2468e7a68999f66c3aed6c4577fe9a03f239b6694b7b33b1f7",  # finetune/h200-qwen05-r2
+        sha256="35af1cca8e51e558253081b6dd88f54770dfabd5c86e6d6c555d97df1afa6abc",  # probe/h200-qwen05-r2-*
         obtain="train it as docs/howto/new-target.md shows (datagen, vocab.build, finetune on a GPU; "
                "66 MB in bf16), or pass --drafter PATH"),
 }
@@ -130,8 +132,8 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
         home = next((h for h in DRAFTERS.values() if not h.committed and str(path) == h.path), None)
         if home is not None:
             raise MissingFile("this target's drafter is kept outside the repository and is not here",
-                              where=f"{what} {folder}", expected="model.safetensors" + (
-                                  f" with sha256 {home.sha256}" if home.sha256 else ""),
+                              where=f"{what} {folder}", expected="config.json + model.safetensors" + (
+                                  f" with content sha256 {home.sha256}" if home.sha256 else ""),
                               found="no such folder", fix=home.obtain)
         if str(path) == DEFAULT_DRAFTER or str(path).endswith(DEFAULT_DRAFTER):
             raise MissingFile("the default drafter is not there", where=str(folder),
