@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from eaglekb.measure import viability
-from runbooks._common import cli_errors, emit, finish, finish_text, env_pairs, parse_floats, parse_int, real, task, text, whole
+from runbooks._common import cli_errors, command_line, emit, finish, forced, finish_text, env_pairs, parse_floats, parse_int, real, task, text, whole
 
 
 
@@ -114,3 +114,106 @@ def sglang(c, target="smollm2-135m", site=None, url=None, plain_url=None, drafte
                                  "tolerance_rel": 0.15},
                           summary=res["summary"]))
     emit(doc, res["summary"] + finish_text(doc), json)
+
+
+def _record(given: str, option: str, kind: str):
+    """The baseline NAME under ``kind`` (or ``KIND/NAME``) a ``--from-record``/``--anchor`` names; one line when
+    it is malformed or not recorded."""
+    from eaglekb.io.errors import BadInput, MissingFile
+    from eaglekb.kb import baselines
+
+    bid = given if "/" in given else f"{kind}/{given}"
+    try:
+        baselines.split_id(bid)
+    except BadInput:
+        raise BadInput("not a baseline id", where=f"{option} {given}",
+                        expected=f"NAME under {kind}/ or KIND/NAME", found=given) from None
+    if not baselines.exists(bid):
+        raise MissingFile("no such baseline", where=f"{option} {given}", expected=f"baselines/{bid}.json",
+                          found="no such file", fix="invoke baselines.check lists what is recorded")
+    return baselines.load_id(bid)
+
+
+def _speculation(b) -> dict:
+    info = b.config.get("server_info") or {}
+    return {"steps": info.get("speculative_num_steps"), "topk": info.get("speculative_eagle_topk"),
+            "draft_tokens": info.get("speculative_num_draft_tokens")}
+
+
+@task(
+    iterable=["from_record", "anchor", "plain_ms", "accept_len"],
+    help={
+        "from_record": "a bench.sglang record that timed SGLang plain and EAGLE-3 in one run (NAME under bench/, or KIND/NAME); "
+                       "repeatable; every set with both servers' cycle enters the fit",
+        "plain_ms": "target plain decode steps to price, ms, comma list or repeated (default 1,1.6,2,3,5,8,12,20,40)",
+        "accept_len": "accept lengths to price, bonus included, comma list or repeated (default 2,2.5,3,3.5,4)",
+        "verify_x": "verify of steps + 1 tokens in plain steps of the target (1: memory-bound at batch 1)",
+        "anchor": "a recorded point with metrics plain_step_ms and speedup_x (NAME under reference/, or KIND/NAME), set beside the curve; "
+                  "repeatable (invoke plan.anchors records the published ones)",
+        "json": "print one JSON document as the last line",
+        "record": "write baselines/plan/NAME.json",
+        "compare": "compare with baselines/plan/NAME.json (default: a plan baseline with the same config)",
+    },
+    options={"plain_ms": text, "accept_len": text, "verify_x": real(above=0, hi=100), "from_record": text,
+             "anchor": text},
+)
+def curve(c, from_record=None, plain_ms=None, accept_len=None, verify_x=1.0, anchor=None, json=False, record=None,
+          compare=None):
+    """When EAGLE-3 pays on SGLang against the target's plain step: cycle = verify + a fixed part fitted from records."""
+    with cli_errors():
+        from eaglekb.io.errors import BadInput
+        from eaglekb.measure import breakeven_curve as lib
+
+        if not from_record:
+            raise BadInput("missing option", where="--from-record", expected="a bench.sglang record timing both servers",
+                           found="nothing", fix="e.g. --from-record h200-sglang-s3-vs-plain")
+        records = [_record(r, "--from-record", "bench") for r in from_record]
+        specs = {b.id: _speculation(b) for b in records}
+        if len({tuple(s.items()) for s in specs.values()}) > 1:
+            raise BadInput("records of different speculative settings", where="--from-record",
+                           expected="one (steps, topk, draft tokens) for the fit", found=str(specs))
+        points = {b.id: b for b in (_record(a, "--anchor", "reference") for a in anchor or [])}
+        xy = {}
+        for bid, b in points.items():
+            p, s = b.metrics.get("plain_step_ms"), b.metrics.get("speedup_x")
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (p, s)):
+                raise BadInput("not an anchor", where=f"--anchor {bid}", expected="metrics plain_step_ms and speedup_x",
+                               found=f"plain_step_ms {p!r}, speedup_x {s!r}")
+            xy[lib.key_of(b.name)] = (p, s)
+        sets = [s for b in records for s in lib.sets_from_metrics(b.id, b.metrics)]
+        report = lib.curve(sets, plain_ms=parse_floats(plain_ms, "--plain-ms") or lib.PLAIN_MS,
+                           accept_lens=parse_floats(accept_len, "--accept-len") or lib.ACCEPT_LENS,
+                           verify_x=float(verify_x), anchors=xy)
+        config = dict(from_records=[b.id for b in records], anchors=list(points), verify_x=report.verify_x,
+                      plain_ms=report.plain_ms, accept_lens=report.accept_lens, speculation=next(iter(specs.values())),
+                      measured_on=sorted({g.get("name", "?") for b in records for g in (b.provenance.host.gpus or [])
+                                          if isinstance(g, dict)}))
+        doc = {"metrics": lib.metrics(report), "config": config}
+        doc.update(finish(kind="plan", record=record, compare=compare, config=config, metrics=doc["metrics"],
+                          noise=lib.NOISE, summary=lib.summary(report)))
+    emit(doc, lib.render_text(report) + finish_text(doc), json)
+
+
+@task(help={"record": "record the anchor NAME as baselines/KIND/NAME.json, its citation kept (without: list them)",
+            "json": "print one JSON document as the last line"})
+def anchors(c, record=None, json=False):
+    """The published points the break-even curve is set beside: list them, or record one (source "recorded")."""
+    with cli_errors():
+        from eaglekb.io.errors import BadInput
+        from eaglekb.kb import baselines
+        from eaglekb.measure.breakeven_curve import ANCHORS
+
+        ids = [f"{a['kind']}/{a['name']}" for a in ANCHORS]
+        if not record:
+            emit({"anchors": ids}, "\n".join(f"{i}: {a['summary']} ({a['citation']['url'] or a['citation']['document']})"
+                                              for i, a in zip(ids, ANCHORS)), json)
+            return
+        entry = next((a for a in ANCHORS if a["name"] == record), None)
+        if entry is None:
+            raise BadInput("no such anchor", where=f"--record {record}", expected=", ".join(a["name"] for a in ANCHORS),
+                           found=record)
+        b = baselines.build(kind=entry["kind"], name=entry["name"], source="recorded", summary=entry["summary"],
+                            citation=entry["citation"], config=entry["config"], metrics=entry["metrics"],
+                            noise={"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.0}, command=command_line())
+        path = baselines.write(b, force=forced())
+    emit({"baseline_id": b.id, "recorded": str(path)}, f"recorded {b.id} -> {path}", json)

@@ -54,6 +54,7 @@ os.environ.setdefault("EAGLEKB_ROOT", str(ROOT))
 
 from eaglekb import __version__  # noqa: E402
 from eaglekb.kb import render  # noqa: E402
+from eaglekb.kb import breakeven_plot  # noqa: E402
 from eaglekb.kb import baselines as bl
 from eaglekb.kb import current as cv
 from eaglekb.kb import diff
@@ -153,7 +154,7 @@ def _plot_svg(baseline, series: str | None) -> str:
             raise EaglekbError("series not found", where=baseline.id, expected=", ".join(baseline.series) or "none", found=series)
         return render.series_svg(baseline, series)
     if baseline.kind == "plan":
-        return render.viability_svg(baseline)
+        return breakeven_plot.plan_svg(baseline)
     raise EaglekbError("no default plot for this kind", where=baseline.id, expected="a plan baseline or a SERIES name", found=baseline.kind)
 
 
@@ -164,7 +165,7 @@ MAX_PLOTS = 24
 
 def _default_plots(baseline) -> list[str | None]:
     plots: list[str | None] = list(baseline.series)[:MAX_PLOTS]
-    if baseline.kind == "plan" and "breakeven_len" in baseline.metrics:  # one plan (not a table of verdicts)
+    if baseline.kind == "plan" and ("breakeven_len" in baseline.metrics or breakeven_plot.is_curve(baseline)):  # one plan
         plots.insert(0, None)
     return plots
 

@@ -235,3 +235,54 @@ def render_text(r: CurveReport) -> str:
                      f"{implied_accept_len(p, s, f.fixed_ms, vx):.2f} under this model")
     lines.append("a prediction from the measured sets, not a measurement of any other target")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- published anchors
+
+INVESTIGATION = "brief/investigation.md: the K2.5 EAGLE-3 investigation record"
+
+#: Points the curve is set beside: a target's plain step (ms) and the speedup EAGLE-3 got on SGLang, each citing
+#: where it was read. ``plain_step_ms`` is 1000 / plain tok/s where only throughput is published (batch-1
+#: throughput read as one step per token: prefill included, so an upper bound on the step). Every anchor holds
+#: ``plain_step_ms`` and ``speedup_x``, which ``invoke plan.curve --anchor NAME`` reads (kind reference).
+ANCHORS: tuple[dict[str, Any], ...] = (
+    dict(kind="reference", name="sglang-docs-llama31-8b-h100",
+         summary="SGLang docs: Llama-3.1-8B-Instruct on MT-bench, one H100: 158.34 tok/s plain, 373.25 with EAGLE-3",
+         metrics={"plain_tok_s": 158.34, "eagle3_tok_s": 373.25, "speedup_x": 373.25 / 158.34,
+                  "plain_step_ms": 1000 / 158.34},
+         config={"engine": "SGLang", "target_model": "meta-llama/Llama-3.1-8B-Instruct", "gpus": "1x H100",
+                 "prompts": "MT-bench", "batch": 1,
+                 "speculation": "EAGLE-3; the table does not state its steps/topk/draft tokens"},
+         citation={"document": "SGLang documentation: Speculative Decoding", "section": "Performance Highlights",
+                   "url": "https://docs.sglang.io/advanced_features/speculative_decoding.html",
+                   "note": "throughput table; speedup_x = 373.25 / 158.34; plain_step_ms = 1000 / 158.34"}),
+    dict(kind="reference", name="qwen3-8b-eagle3-h200",
+         summary="Tengyunw qwen3_8b_eagle3 model card: Qwen3-8B on SGLang, one H200: 187 tok/s plain, 365 with "
+                 "EAGLE-3",
+         metrics={"plain_tok_s": 187.0, "eagle3_tok_s": 365.0, "speedup_x": 365.0 / 187.0,
+                  "plain_step_ms": 1000 / 187.0},
+         config={"engine": "SGLang", "target_model": "Qwen/Qwen3-8B", "gpus": "1x H200", "dtype": "bfloat16",
+                 "speculation": {"steps": 6, "topk": 10, "draft_tokens": 32},
+                 "cuda_graph_max_bs": 2, "prompts": "not stated (the card evaluates on ShareGPT, GSM8K, HumanEval, "
+                                                   "MT-bench, Alpaca)"},
+         citation={"document": "Hugging Face model card Tengyunw/qwen3_8b_eagle3 (its drafter's authors)",
+                   "section": "Introduce (tps table); How to use (launch command)",
+                   "url": "https://huggingface.co/Tengyunw/qwen3_8b_eagle3",
+                   "note": "tps table: qwen3-8b h200 187, qwen3-8b-eagle3 h200 365; speculation from the card's "
+                           "launch command (a tree, not 3/1/4); plain_step_ms = 1000 / 187"}),
+    dict(kind="reference", name="k25-sglang-step-and-speedup",
+         summary="K2.5 on SGLang (TP8 over PCIe): plain step ~12 ms, EAGLE-3 cycle 29-30 ms, 60 vs 82.5 tok/s "
+                 "at accept ~2.0",
+         metrics={"plain_step_ms": 12.0, "cycle_ms": 29.5, "plain_tok_s": 82.5, "eagle3_tok_s": 60.0,
+                  "speedup_x": 60.0 / 82.5, "accept_len": 2.0},
+         config={"target_model": "Kimi-K2.5 (MoE, 61 layers, ~1T params)",
+                 "serving": "SGLang of the time, tensor parallel 8, GPUs over PCIe",
+                 "speculation": {"algorithm": "EAGLE3", "steps": 2, "topk": 1, "draft_tokens": 3},
+                 "verify": "extend mode without CUDA graphs (F04)", "batch": "single stream"},
+         citation={"document": INVESTIGATION, "section": "Baselines and the regression; The arithmetic",
+                   "url": None,
+                   "note": "the midpoints bench/k25-sglang-regression and bench/k25-cycle-split record (82-83 and "
+                           "59-61 tok/s, 29-30 ms), put in one record for the curve; speedup_x = 60 / 82.5; "
+                           "accept ~2.0 as the record's arithmetic uses it"}),
+)
+
