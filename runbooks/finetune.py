@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runbooks._common import claim, cli_errors, emit, finish, given, refuse_ignored, task, whole
+from runbooks._common import claim, cli_errors, emit, finish, given, one_of, refuse_ignored, task, whole
 
 
 def _is_run_folder(folder: Path) -> bool:
@@ -34,8 +34,18 @@ def _agrees_with_init(init, mapping, values: dict) -> None:
                            found=str(value), fix=f"drop {option}; the size comes from {source}")
 
 
+def _cuda(device: str) -> bool:
+    """Whether the run trains on CUDA (``--device auto`` picks it when there is one)."""
+    if str(device) == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return str(device).startswith("cuda")
+
+
 def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, values: dict) -> None:
-    """Options that would be accepted and have no effect with the others given: refused, one line each."""
+    """Options that would be accepted and have no effect with the others given: refused, one line each
+    (the table of docs/reference/options.md, which tests/hostile/test_option_rules.py runs)."""
     from eaglekb.formats.shards import read_manifest
 
     _agrees_with_init(init, mapping, values)
@@ -43,6 +53,14 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         ("no_remap", not init, "--init DRAFTER (it keeps that drafter's lm_head rows)"),
         ("epochs", steps is not None, "no --steps (--steps sets the run's length)"),
         ("val_fraction", bool(val_data), "no --val-data (validation is that folder)"),
+        ("amp", values.get("amp") not in (None, "none") and not _cuda(values.get("device", "auto")),
+         "a CUDA device (autocast is CUDA's; a CPU run trains in float32)"),
+        ("piece_mib", not values.get("pieces_out"), "--pieces-out FOLDER (it sizes those pieces)"),
+        ("new_data", not (values.get("resume") or values.get("resume_from")),
+         "--resume or --resume-from (it continues a run on another dataset)"),
+        ("ttt_steps", values.get("method") == "p-eagle",
+         "--method eagle3 (a P-EAGLE drafter trains the depths --parallel-tokens sets)"),
+        ("parallel_tokens", values.get("method") != "p-eagle", "--method p-eagle"),
     ]
     if online_target and Path(str(data)).is_dir():
         manifest = read_manifest(Path(str(data))) or {}
@@ -54,7 +72,8 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
 
 @task(
     default=True,
-    options={"max_len": whole(4, 1 << 20)},  # a TTT unroll needs at least 4 positions
+    options={"max_len": whole(4, 1 << 20),  # a TTT unroll needs at least 4 positions
+             "method": one_of("eagle3", "p-eagle"), "parallel_tokens": whole(2, 64)},
     help={
         "data": "dataset folder written by invoke datagen",
         "out": "run folder (checkpoints/, drafter/, metrics.json); default .eaglekb/runs/<data name>",
@@ -65,6 +84,9 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         "intermediate_size": "drafter MLP width (default: the target's)",
         "ttt_steps": "test-time-training unroll length (loss weight 0.8**k per step)",
         "positions": "rotary position per TTT step: runtime (t+k, as SGLang drafts) or specforge (t)",
+        "method": "eagle3 (default: the TTT chain drafter) or p-eagle (parallel drafting: --parallel-tokens in one "
+                  "drafter pass; --ttt-steps and --positions do not apply)",
+        "parallel_tokens": "with --method p-eagle: tokens one drafter pass proposes, the depths trained (default 4)",
         "batch_size": "sequences per optimiser step (over all processes)",
         "batching": "random (shuffled) or length (shuffled, then sequences of similar length batched together)",
         "max_len": "tokens kept per sequence",
@@ -87,14 +109,15 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         "device": "auto, cpu or cuda",
         "online_target": "target folder for datasets with online features",
         "threads": "torch CPU threads (default: torch's choice; 1 is fastest on a loaded shared machine)",
-        "amp": "CUDA autocast of the TTT forward: bfloat16 (default; float32 master weights) or none (float32)",
+        "amp": "CUDA autocast of the TTT forward: bfloat16 (default on CUDA; float32 master weights) or none "
+               "(float32); a CPU run trains in float32, --amp bfloat16 there is refused",
         "compile": "torch.compile of the TTT unroll: auto (on with CUDA), on, off; a compile error falls back to eager",
         "loss_chunk": "positions per chunk of the draft-vocab loss, no full logits (default 4096); 0: full logits",
         "profile": "report where a step's time goes per phase (CUDA events on a GPU, wall clock on CPU)",
         "resume_from": "a folder of checkpoint pieces (--pieces-out of an earlier run): checked, joined into --out, "
                        "resumed",
         "pieces_out": "write the last checkpoint into this folder in pieces (for machines that do not outlive the run)",
-        "piece_mib": "largest piece of --pieces-out in MiB (default 16)",
+        "piece_mib": "largest piece of --pieces-out in MiB (default 16; only with --pieces-out)",
         "new_data": "with --resume / --resume-from: continue the run on another dataset (give --mapping and --steps)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/finetune/NAME.json",
@@ -106,8 +129,8 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
              epochs=1.0, lr=1e-4, warmup_frac=0.03, grad_clip=0.5, seed=0, val_data=None, val_fraction=0.05,
              eval_every=0, save_every=0, resume=False, nproc=1, device="auto", online_target=None, json=False,
              record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0, batching="random",
-             amp="bfloat16", compile="auto", loss_chunk=4096, profile=False, resume_from=None, pieces_out=None,
-             piece_mib=16.0, new_data=False, time_budget_s=None):
+             amp=None, compile="auto", loss_chunk=4096, profile=False, resume_from=None, pieces_out=None,
+             piece_mib=16.0, new_data=False, time_budget_s=None, method="eagle3", parallel_tokens=4):
     """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length."""
     with cli_errors():
         from pathlib import Path
@@ -131,13 +154,14 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
             data=str(data), out=str(out), init=init,
             remap=not no_remap, mapping=mapping, draft_vocab_size=int(draft_vocab_size),
             intermediate_size=int(intermediate_size) if intermediate_size else None, ttt_steps=int(ttt_steps),
-            positions=positions, batch_size=int(batch_size), batching=str(batching), max_len=int(max_len),
+            positions=positions, method=str(method), parallel_tokens=int(parallel_tokens), batch_size=int(batch_size), batching=str(batching), max_len=int(max_len),
             steps=int(steps) if steps else None, epochs=float(epochs), lr=float(lr), warmup_frac=float(warmup_frac),
             grad_clip=float(grad_clip), seed=int(seed), val_data=val_data, val_fraction=float(val_fraction),
             eval_every=int(eval_every), save_every=int(save_every), resume=bool(resume), device=device,
             online_target=online_target, stop_after=int(stop_after) if stop_after else None,
             time_budget_s=float(time_budget_s) if time_budget_s else None,
-            min_lr_frac=float(min_lr_frac), amp=str(amp), compile=str(compile), loss_chunk=int(loss_chunk),
+            min_lr_frac=float(min_lr_frac), amp=str(amp or "bfloat16"), compile=str(compile),
+            loss_chunk=int(loss_chunk),
             profile=bool(profile), resume_from=resume_from, pieces_out=pieces_out, piece_mib=float(piece_mib),
             new_data=bool(new_data))
         if int(nproc) > 1:

@@ -105,6 +105,12 @@ class DraftModel:
         self.embed_weight = take(drafter.embed_tokens.weight) if drafter.embed_tokens is not None \
             else target.embed_weight.to(dtype)
         self.d2t = drafter.d2t.detach().to(dev)
+        # P-EAGLE (eaglekb.engine.parallel): tokens per pass (0: EAGLE-3); the mask row is appended to the embeddings
+        self.parallel_tokens = int(getattr(drafter, "parallel_tokens", 0))
+        if self.parallel_tokens:
+            self.mask_id = int(self.embed_weight.shape[0])
+            self.embed_weight = torch.cat((self.embed_weight, take(drafter.mask_embed)[None]))
+            self.mask_hidden = take(drafter.mask_hidden)
         self.dtype, self.device = dtype, dev
         self.inv_freq = inv_freq(cfg.rope_theta, self.head_dim, dev)
         self._compiled = None
@@ -119,6 +125,11 @@ class DraftModel:
 
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
+
+    def mask_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A P-EAGLE drafter's ``n`` mask positions: ids ``[1,n]`` (the mask row) and hidden ``[1,n,3H_target]``."""
+        return (torch.full((1, n), self.mask_id, dtype=torch.long, device=self.device),
+                self.mask_hidden.expand(1, n, -1))
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,

@@ -33,6 +33,7 @@ from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
 from eaglekb.engine.fused import FusedChain, FusedTree
 from eaglekb.engine.kv import causal_rows, mask_width, tree_rows
 from eaglekb.engine.model import TargetModel
+from eaglekb.engine.parallel import check_spec, parallel_chain
 from eaglekb.engine.timing import PhaseTimer
 from eaglekb.models.layers import CPU_FEW_ROWS
 from eaglekb.io.errors import BadInput
@@ -117,6 +118,11 @@ class Engine:
         # greedy chains and trees as two device programs per cycle (``FusedChain``, ``FusedTree``); default: on
         # with graphs; keyed by (steps, topk, draft tokens)
         self.fused = self.graphs if fused is None else bool(fused)
+        if drafter is not None and drafter.parallel_tokens:  # P-EAGLE drafts on the named steps (engine.parallel)
+            if fused:
+                raise BadInput("fused cycles draft EAGLE-3 chains and trees only", where="--fused",
+                               expected="auto or off with a P-EAGLE drafter", found="on")
+            self.fused = False
         self._fused: dict[tuple[int, int, int], FusedChain | FusedTree] = {}
         if self.compiled:
             target.compile()
@@ -296,8 +302,11 @@ class Engine:
         ``extended``: the drafter's output over the pending positions when already run (the prompt's, in prefill)."""
         m = len(seq)
         timer.mark("draft")
-        d_logits, d_hidden = extended or self.draft_extend(seq[start + 1:m], pending, start)
-        tree = self.draft(d_logits[0, -1].clone(), d_hidden[0, -1].clone(), m, cfg)
+        if self.drafter.parallel_tokens:  # P-EAGLE: the whole chain from one drafter pass
+            tree = self._parallel_draft(seq, pending, start, m, cfg, extended)
+        else:
+            d_logits, d_hidden = extended or self.draft_extend(seq[start + 1:m], pending, start)
+            tree = self.draft(d_logits[0, -1].clone(), d_hidden[0, -1].clone(), m, cfg)
         timer.mark("verify")
         v_logits, v_aux = self.verify(seq[-1], tree, m)
         timer.mark("overhead")
@@ -311,10 +320,19 @@ class Engine:
         result.tokens += new
         return pending, m - 1
 
+    def _parallel_draft(self, seq: list[int], pending, start: int, m: int, cfg: SpecConfig, extended) -> DraftTree:
+        """A P-EAGLE drafter's chain (``eaglekb.engine.parallel``): the pending positions and the mask rows in one
+        pass; after the prompt's extend (``extended``) only the mask rows run, after its last anchor's row."""
+        if extended is not None:
+            return parallel_chain(self.drafter, self.dkv, [], None, m - 1, steps=cfg.steps,
+                                  temperature=cfg.temperature, gen=self.gen, root_logits=extended[0][0, -1])
+        return parallel_chain(self.drafter, self.dkv, seq[start + 1:m], pending, start, steps=cfg.steps,
+                              temperature=cfg.temperature, gen=self.gen)
+
     def fused_cycle(self, cfg: SpecConfig) -> FusedChain | FusedTree | None:
-        """The fused cycle for ``cfg`` (built once per shape), or None where the named steps run (sampling, or
-        fusing off)."""
-        if not self.fused or cfg.temperature > 0:
+        """The fused cycle for ``cfg`` (built once per shape), or None where the named steps run (sampling, a
+        P-EAGLE drafter, or fusing off)."""
+        if not self.fused or cfg.temperature > 0 or self.drafter.parallel_tokens:
             return None
         key = (cfg.steps, cfg.topk, cfg.draft_tokens)
         if key not in self._fused:
@@ -349,6 +367,8 @@ class Engine:
         if self.drafter is None:
             raise BadInput("speculative decoding needs a drafter", where="Engine", found="none loaded")
         cfg = cfg or SpecConfig()
+        if self.drafter.parallel_tokens:
+            check_spec(self.drafter, cfg.steps, cfg.topk)
         ids = self._ids(prompt)
         n = ids.shape[1]
         self.check_fits(n, max_new_tokens, cfg.nodes, (cfg.steps - 1) * cfg.topk if cfg.topk > 1 else 0)

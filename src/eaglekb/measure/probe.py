@@ -120,7 +120,9 @@ def teacher_forced_preds(target: TargetModel, dm: DraftModel, seq: list[int], pr
         mask[:, :n0] = causal_rows(0, n, n0, dev)
         for b in range(1, s + 1):
             mask[j, b * L + j] = True
-        d_logits, hidden = dm(ids[:, 1 + s:], hidden[:, :n], j + s, s * L + j, mask, dkv)
+        # P-EAGLE (eaglekb.engine.parallel): mask rows, whatever the earlier steps drafted; EAGLE-3: the chain's own
+        step_ids, step_hidden = dm.mask_rows(n) if dm.parallel_tokens else (ids[:, 1 + s:], hidden[:, :n])
+        d_logits, hidden = dm(step_ids, step_hidden, j + s, s * L + j, mask, dkv)
         pred = dm.to_target(d_logits[0].argmax(-1))
         preds.append(pred[roots])
         labels.append(g[roots + 1 + s])

@@ -30,14 +30,13 @@ from torch import nn
 from eaglekb.formats.drafter import (
     DrafterConfig,
     layout_problems,
-    nonfinite_error,
-    nonfinite_tensors,
     read_drafter_files,
     write_drafter_files,
 )
 from eaglekb.formats.mapping import check_mapping, mapping_from_selected
 from eaglekb.io.errors import BadInput, Incompatible, SchemaError
 from eaglekb.models.layers import apply_rope, attend, inv_freq, rms_norm, rope_cos_sin, swiglu
+from eaglekb.models.parallel_drafter import add_mask_inputs, parallel_tokens_of
 from eaglekb.models.target import default_config_ids
 
 
@@ -168,6 +167,10 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.register_buffer("inv_freq", inv_freq(cfg.rope_theta, cfg.dim_head), persistent=False)
+        # P-EAGLE (eaglekb.models.parallel_drafter): k tokens per pass and the mask inputs; 0 for EAGLE-3
+        self.parallel_tokens = parallel_tokens_of(cfg)
+        if self.parallel_tokens:
+            add_mask_inputs(self, cfg)
 
     # -- mapping
 
@@ -341,6 +344,9 @@ def save_drafter(model: Eagle3Drafter, path: str | Path, *, format: str = "sglan
     Floating tensors are stored in the config's ``torch_dtype``; ``embed_tokens`` only
     with ``include_embeddings``.
     """
+    if format != "sglang" and model.parallel_tokens:
+        raise BadInput("a P-EAGLE drafter is saved in the sglang layout only", where="format", expected="sglang",
+                       found=repr(format))
     dtype = getattr(torch, model.config.torch_dtype, None)
     state = {}
     for name, tensor in model.state_dict().items():
@@ -360,9 +366,6 @@ def load_drafter(path: str | Path, *, dtype: str | None = None, device: str = "c
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     _check_tensors(path, tensors, expected, strict)
     check_mapping(tensors["d2t"], cfg.vocab_size, cfg.draft_vocab_size, tensors.get("t2d"), str(path))
-    bad = nonfinite_tensors({k: tensors[k] for k in expected})
-    if bad:
-        raise nonfinite_error(bad, str(path))
     model.load_state_dict({k: tensors[k] for k in expected}, strict=True, assign=True)
     if dtype is not None:
         model.to(getattr(torch, dtype))

@@ -20,6 +20,8 @@ AMP = ("bfloat16", "none")
 COMPILE = ("auto", "on", "off")
 #: How sequences form batches: shuffled, or shuffled then grouped by length (same epoch, less padding).
 BATCHING = ("random", "length")
+#: Drafting methods a run trains (``eaglekb.models.parallel_drafter.METHODS``): EAGLE-3's TTT chain, or P-EAGLE.
+METHODS = ("eagle3", "p-eagle")
 #: Noise of a recorded training run: one run, 30% (GPU kernels and data order move losses and accuracies).
 NOISE = {"repeats": 1, "spread_kind": "none", "tolerance_rel": 0.3}
 #: The report of a run, in its ``out`` folder (next to ``checkpoints/`` and ``drafter/``).
@@ -43,6 +45,8 @@ class TrainConfig:
     ttt_steps: int = 7  # (fp)
     step_weight: float = 0.8  # loss weight of step k is step_weight**k (fp)
     positions: str = "runtime"  # rotary position per TTT step: runtime (t+k) or specforge (t) (fp)
+    method: str = "eagle3"  # eagle3, or p-eagle: parallel_tokens in one pass (fp via the drafter's config)
+    parallel_tokens: int = 4  # p-eagle: tokens one drafter pass proposes, the depths trained (fp via the config)
     batch_size: int = 8  # sequences per optimiser step, over all ranks (fp)
     batching: str = "random"  # random batches, or "length": similar lengths together, less padding (fp)
     max_len: int = 1024  # tokens kept per sequence (fp)
@@ -67,14 +71,19 @@ class TrainConfig:
     resume: bool = False  # continue from the newest checkpoint in out
     new_data: bool = False  # on resume: continue on another dataset (same mapping, drafter shape and schedule)
     resume_from: str | None = None  # a folder of checkpoint pieces (--pieces-out of another machine): join, resume
-    pieces_out: str | None = None  # write the last checkpoint there in pieces of piece_mib (machines that go away)
+    pieces_out: str | None = None  # write the last checkpoint there in pieces of piece_mib (a machine that may stop mid-run)
     piece_mib: float = 16.0  # the largest piece of --pieces-out, MiB
     stop_after: int | None = None  # stop after this many steps of this process (tests, interruptions)
-    time_budget_s: float | None = None  # start no step after this many seconds of this process's steps (lent machines)
+    time_budget_s: float | None = None  # start no step after this many seconds of this process's steps (a time-limited machine)
 
     FINGERPRINT = ("val_data", "val_fraction", "max_val_sequences", "draft_vocab_size", "intermediate_size",
                    "ttt_steps", "step_weight", "positions", "batch_size", "batching", "max_len", "steps", "epochs", "lr",
                    "warmup_frac", "min_lr_frac", "weight_decay", "grad_clip", "seed")
+
+    @property
+    def unroll_steps(self) -> int:
+        """Steps of the unroll, as the per-step counts report them: TTT steps, or the depths of a p-eagle pass."""
+        return self.parallel_tokens if self.method == "p-eagle" else self.ttt_steps
 
     @classmethod
     def from_dict(cls, doc: dict, where: str = "config") -> "TrainConfig":
@@ -93,6 +102,16 @@ class TrainConfig:
             if getattr(self, name) not in allowed:
                 raise BadInput(f"unknown {name} mode", where=f"--{name}", expected=", ".join(allowed),
                                found=repr(getattr(self, name)))
+        if self.method not in METHODS:
+            raise BadInput("unknown drafting method", where="--method", expected=" or ".join(METHODS),
+                           found=repr(self.method))
+        if self.method == "p-eagle" and (isinstance(self.parallel_tokens, bool) or
+                                         not isinstance(self.parallel_tokens, int) or not 2 <= self.parallel_tokens <= 64):
+            raise BadInput("parallel tokens out of range", where="--parallel-tokens", expected="a whole number 2..64",
+                           found=repr(self.parallel_tokens))
+        if self.method == "p-eagle" and self.positions != "runtime":
+            raise BadInput("p-eagle drafts at runtime positions", where="--positions", expected="runtime",
+                           found=repr(self.positions))
         if isinstance(self.loss_chunk, bool) or not isinstance(self.loss_chunk, int) or self.loss_chunk < 0:
             raise BadInput("loss chunk must be a whole number >= 0", where="--loss-chunk",
                            expected="positions per chunk (0: full logits)", found=repr(self.loss_chunk))

@@ -31,6 +31,7 @@ import torch
 
 from eaglekb.data.features import OnlineFeatures
 from eaglekb.data.generation import load_target
+from eaglekb.formats.drafter import read_config
 from eaglekb.formats.shards import open_dataset
 from eaglekb.io.errors import BadInput, Incompatible
 from eaglekb.io.files import atomic_write_json
@@ -43,6 +44,7 @@ from eaglekb.training.drafters import choose_mapping, data_mapping, drafter_for 
 from eaglekb.training.distributed import all_reduce, barrier, dist_info, pick_device
 from eaglekb.training.report import build_report, summarise
 from eaglekb.training.speed import StepProfile, autocast, probe_compile, wants_compile
+from eaglekb.training.parallel import ParallelTTTModel, as_parallel
 from eaglekb.training.ttt import TTTModel, step_norms
 
 Log = Callable[[str], None]
@@ -75,9 +77,11 @@ def prepare(cfg: TrainConfig) -> Run:
     device = pick_device(cfg.device)
     ds = open_dataset(cfg.data)
     val_ds, train_idx, val_idx = _split(cfg, ds)
+    _check_init_target(cfg, ds)  # before its draft vocab is used: another target's drafter said as such
     mapping, mapping_report = choose_mapping(cfg, ds)
     notes: list[str] = []
-    drafter = drafter_for(cfg, ds, mapping, mapping_report, notes)
+    drafter = as_parallel(drafter_for(cfg, ds, mapping, mapping_report, notes), cfg.method, cfg.parallel_tokens,
+                          cfg.seed)
     if ds.target["hidden_size"] != (drafter.config.target_hidden_size or drafter.config.hidden_size):
         raise Incompatible("dataset hidden size does not match the drafter", where=cfg.data,
                            expected=str(drafter.config.target_hidden_size), found=str(ds.target["hidden_size"]))
@@ -88,8 +92,11 @@ def prepare(cfg: TrainConfig) -> Run:
     if embed.shape[1] != drafter.config.hidden_size:
         raise Incompatible("target embeddings do not fit the drafter", where=cfg.data,
                            expected=f"width {drafter.config.hidden_size}", found=f"width {embed.shape[1]}")
-    model = TTTModel(drafter, embed, head, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
-                     positions=cfg.positions, loss_chunk=cfg.loss_chunk).to(device)
+    if cfg.method == "p-eagle":
+        model = ParallelTTTModel(drafter, embed, head, step_weight=cfg.step_weight, loss_chunk=cfg.loss_chunk).to(device)
+    else:
+        model = TTTModel(drafter, embed, head, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
+                         positions=cfg.positions, loss_chunk=cfg.loss_chunk).to(device)
     if wants_compile(cfg.compile, device):
         model.compile_unroll()
     total = cfg.steps or max(1, math.ceil(cfg.epochs * len(train_idx) / cfg.batch_size))
@@ -99,6 +106,21 @@ def prepare(cfg: TrainConfig) -> Run:
                        mapping_sha=_sha(drafter.d2t), init=cfg.init is not None)
     return Run(cfg, ds, val_ds, train_idx, val_idx, drafter, model, mapping_report, fingerprint, total, device,
                features, notes)
+
+
+def _check_init_target(cfg: TrainConfig, ds) -> None:
+    """An --init drafter built for another target (another hidden size or vocabulary than the data's) is
+    refused as that, before its draft vocab size builds the mapping (which would blame --draft-vocab-size)."""
+    if not cfg.init:
+        return
+    dc = read_config(cfg.init)[0]
+    hidden, vocab = dc.target_hidden_size or dc.hidden_size, dc.vocab_size
+    want_hidden, want_vocab = ds.target["hidden_size"], ds.target["vocab_size"]
+    if (hidden, vocab) != (want_hidden, want_vocab):
+        raise Incompatible("init drafter was built for another target", where=f"--init {cfg.init}",
+                           expected=f"target hidden size {want_hidden} and vocab {want_vocab} (the target of "
+                                    f"--data {cfg.data})", found=f"hidden size {hidden}, vocab {vocab}",
+                           fix="give a drafter of this target, or train from scratch (no --init)")
 
 
 def _online_features(cfg: TrainConfig, ds, device: torch.device):
@@ -174,7 +196,7 @@ def evaluate(run: Run, model: TTTModel) -> dict | None:
     if not run.val_idx:
         return None
     rank, world = dist_info()
-    stats = torch.zeros((run.cfg.ttt_steps, 5), device=run.device, dtype=torch.float64)
+    stats = torch.zeros((run.cfg.unroll_steps, 5), device=run.device, dtype=torch.float64)
     model.eval()
     with torch.no_grad(), _autocast(run):
         for b in range(0, len(run.val_idx), run.cfg.batch_size):
@@ -182,7 +204,7 @@ def evaluate(run: Run, model: TTTModel) -> dict | None:
             if not items:
                 continue
             batch = collate(run.val_dataset, items, run.cfg.max_len, run.device, run.features)
-            _, st = model(batch, torch.ones(run.cfg.ttt_steps, device=run.device))
+            _, st = model(batch, torch.ones(run.cfg.unroll_steps, device=run.device))
             stats += st.double()
     model.train()
     return summarise(all_reduce(stats), run.cfg.step_weight)
@@ -218,7 +240,7 @@ def _start(run: Run, opt, log: Log | None) -> Progress:
         raise BadInput("output folder already holds a training run", where=str(out),
                        expected="an empty or new folder", found=existing[-1].name,
                        fix="pass --resume to continue it, or another --out (nothing was overwritten)")
-    window = torch.zeros((cfg.ttt_steps, 5), dtype=torch.float64, device=run.device)
+    window = torch.zeros((cfg.unroll_steps, 5), dtype=torch.float64, device=run.device)
     if not existing:
         if cfg.resume and log:
             log("no checkpoint to resume from: starting at step 0")
@@ -251,7 +273,7 @@ def _batch(run: Run, items: list[int], timer=None) -> tuple[dict, torch.Tensor]:
     if timer is not None:
         timer.mark("data")
     batch = collate(run.dataset, items[rank::world], run.cfg.max_len, run.device)
-    norms = all_reduce(step_norms(batch["loss_mask"], run.cfg.ttt_steps))
+    norms = all_reduce(step_norms(batch["loss_mask"], run.cfg.unroll_steps))
     if run.features is not None:
         if timer is not None:
             timer.mark("target")

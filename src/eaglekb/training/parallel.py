@@ -22,15 +22,15 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from eaglekb.models.parallel_drafter import EAGLE3, ParallelDrafter, to_parallel
+from eaglekb.models.parallel_drafter import EAGLE3, mask_inputs, to_parallel
 from eaglekb.io.errors import Incompatible
 from eaglekb.training.ttt import TTTModel, shift, ttt_attention
 
 
 class ParallelTTTModel(TTTModel):
-    """The P-EAGLE drafter's ``k`` depths over every anchor; loss and counts as ``TTTModel`` (``steps = k``)."""
+    """A P-EAGLE drafter's (``parallel_tokens`` k) ``k`` depths over every anchor; loss and counts as ``TTTModel`` (``steps = k``)."""
 
-    def __init__(self, drafter: ParallelDrafter, embed: torch.Tensor, target_head: torch.Tensor | None, *,
+    def __init__(self, drafter, embed: torch.Tensor, target_head: torch.Tensor | None, *,
                  step_weight: float = 0.8, loss_chunk: int = 0):
         super().__init__(drafter, embed, target_head, steps=drafter.parallel_tokens, step_weight=step_weight,
                          positions="runtime", loss_chunk=loss_chunk)
@@ -47,7 +47,7 @@ class ParallelTTTModel(TTTModel):
         q, key, value = attn.project(mid.fuse(emb, hidden), cos, sin)
         keys, values = [key], [value]
         out = [mid.feed_forward(hidden + attn.output(ttt_attention(q, keys, values)))]
-        mask_embed, mask_aux = d.mask_inputs(b, t, hidden.dtype)
+        mask_embed, mask_aux = mask_inputs(d, b, t, hidden.dtype)
         mask_hidden = d.project_hidden(mask_aux)
         fused = mid.fuse(mask_embed, mask_hidden)
         for k in range(1, self.steps):
@@ -63,7 +63,7 @@ def as_parallel(drafter, method: str, tokens: int, seed: int = 0):
     """The drafter a run of ``method`` trains: eagle3 keeps an EAGLE-3 drafter (a P-EAGLE init is refused),
     p-eagle turns it into a P-EAGLE drafter of ``tokens`` (``to_parallel``)."""
     if method == EAGLE3:
-        if isinstance(drafter, ParallelDrafter):
+        if drafter.parallel_tokens:
             raise Incompatible("init drafter is a P-EAGLE drafter", where="--init", expected="an EAGLE-3 drafter "
                                "(or --method p-eagle)", found=f"p-eagle, {drafter.parallel_tokens} tokens per pass")
         return drafter
