@@ -36,8 +36,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from eaglekb.data import corpora
 from eaglekb.data.corpora import Prompt, PromptSet, prompts_hash
-from eaglekb.io.errors import BadInput, MissingFile
-from eaglekb.io.files import atomic_write_json, atomic_write_text, read_json, read_text
+from eaglekb.io.errors import BadInput
+from eaglekb.io.files import (DuplicateKey, atomic_write_json, atomic_write_text, not_a_file, read_json, read_text,
+                              unique_keys)
 
 #: The training corpora of ``invoke datagen`` when none is given.
 DEFAULT_CORPORA = ("wiki", "chitchat", "gsm8k")
@@ -60,7 +61,7 @@ BUILTIN_PROMPTS = (
 def _lines(path: Path, expected: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of the non-blank lines of a prompt file."""
     if not path.is_file():
-        raise MissingFile("prompts file not found", where=str(path), expected=expected, found="nothing")
+        raise not_a_file(path, "prompts file", expected)
     for n, line in enumerate(read_text(path, what="prompts file").splitlines(), 1):
         if line.strip():
             yield n, line
@@ -68,7 +69,10 @@ def _lines(path: Path, expected: str) -> Iterator[tuple[int, str]]:
 
 def _row(line: str, where: str) -> dict:
     try:
-        row = json.loads(line)
+        row = json.loads(line, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise BadInput("prompts file line gives a key twice", where=where, expected="each key once",
+                       found=f"{exc.args[0]!r} twice") from None
     except json.JSONDecodeError as exc:
         raise BadInput("prompts file line is not JSON", where=where, found=exc.msg) from None
     if not isinstance(row, dict):

@@ -112,7 +112,7 @@ def read_safetensors(path: str | Path, *, keys: list[str] | None = None, device:
 
     path = Path(path)
     if not path.is_file():
-        raise MissingFile("file not found", where=str(path), expected="a safetensors file")
+        raise not_a_file(path, "file", "a safetensors file")
     try:
         with safe_open(str(path), framework="pt", device=device) as fh:
             names = list(fh.keys()) if keys is None else keys
@@ -133,7 +133,7 @@ def safetensors_keys(path: str | Path) -> tuple[list[str], dict[str, str]]:
 
     path = Path(path)
     if not path.is_file():
-        raise MissingFile("file not found", where=str(path), expected="a safetensors file")
+        raise not_a_file(path, "file", "a safetensors file")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as fh:
             return list(fh.keys()), dict(fh.metadata() or {})
@@ -154,13 +154,38 @@ def read_text(path: str | Path, *, what: str = "text file") -> str:
                           found=f"byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
 
 
+class DuplicateKey(ValueError):
+    """A JSON object gives one key twice (``args[0]`` is the key)."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``object_pairs_hook`` for ``json.loads``: an object's pairs as a dict; a key given twice (which a plain
+    load keeps silently, the last one winning) raises ``DuplicateKey``."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def not_a_file(path: Path, what: str, expected: str | None = None) -> MissingFile:
+    """A missing file, or a folder where a file belongs, said as what it is."""
+    if path.is_dir():
+        return MissingFile(f"{what} is a folder", where=str(path), expected=expected or "a file", found="a folder")
+    return MissingFile(f"{what} not found", where=str(path), expected=expected)
+
+
 def read_json(path: str | Path, *, what: str = "JSON file") -> Any:
-    """Parse a JSON file; a missing file or bad JSON is one line naming it."""
+    """Parse a JSON file; a missing file, bad JSON or a key given twice in one object is one line naming it."""
     path = Path(path)
     if not path.is_file():
-        raise MissingFile(f"{what} not found", where=str(path))
+        raise not_a_file(path, what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise SchemaError(f"{what} gives a key twice", where=str(path), expected="each key once in an object",
+                          found=f"{exc.args[0]!r} twice") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise SchemaError(f"{what} is not valid JSON", where=str(path), found=str(exc).splitlines()[0]) from None
     except RecursionError:

@@ -30,6 +30,11 @@ def _cell(v: Any) -> str:
     return "`" + _val(v).replace("|", "\\|").replace("`", "'") + "`"
 
 
+def _code(text: Any) -> str:
+    """Text from a file (a parse error quoting it, a path) as a code span: rendered as text, never as HTML."""
+    return "`" + " ".join(str(text).replace("`", "'").split()) + "`"
+
+
 def _rel(r: float | None) -> str:
     return "–" if r is None else f"{r * 100:+.2f}%"
 
@@ -68,7 +73,7 @@ def to_markdown(report: DiffReport) -> str:
         out.append("\nFlagged when |Δ| exceeds the noise the baseline records (max of tolerances and spread).")
     if report.problems:
         out += ["", "### Unreadable baselines", ""]
-        out += [f"- **{p.revision}** `{p.path}`: {p.error}" for p in report.problems]
+        out += [f"- **{_code(p.revision)}** {_code(p.path)}: {_code(p.error)}" for p in report.problems]
     for c in report.changes:
         out += ["", _heading(c)]
         if c.metrics:

@@ -23,7 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eaglekb.io.errors import SchemaError
-from eaglekb.io.files import flatten
+from eaglekb.io.files import DuplicateKey, flatten, unique_keys
 from eaglekb.measure.command import reproduce_command, writes_baselines
 from eaglekb.measure.provenance import config_inputs
 
@@ -372,7 +372,10 @@ def one_line(err: ValidationError) -> str:
 def parse(text: str, where: str) -> Baseline:
     """A file's text as a validated ``Baseline``; bad JSON or a schema violation is one ``SchemaError`` line."""
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise SchemaError("baseline gives a key twice", where=where, expected="each key once in an object",
+                          found=f"{exc.args[0]!r} twice") from None
     except json.JSONDecodeError as exc:
         raise SchemaError(
             "baseline is not valid JSON",

@@ -1,6 +1,6 @@
 """Recipes: a whole training pipeline (datagen, vocab, finetune, probe, bench) as one YAML file, run in order.
 
-Owns the recipe format and its run: ``load`` reads a recipe (``yaml.safe_load``; strict keys: an unknown
+Owns the recipe format and its run: ``load`` reads a recipe (``io.strict_yaml``; strict keys: an unknown
 top-level key, an unknown step task or an option the task does not have is one line naming the file, the key
 and the nearest valid name), applies ``--set`` overrides and expands ``{run}`` (the run folder), ``{name}`` and
 ``{target}``; ``select`` picks the steps of ``--only`` / ``--from``; ``plan`` turns each step into its exact
@@ -43,8 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
+from eaglekb.io import strict_yaml
 from eaglekb.io.errors import BadInput, MissingFile
 from eaglekb.io.files import atomic_write_json, read_json, read_text
 
@@ -126,15 +125,10 @@ def _norm(key: Any) -> str:
 
 
 def read(path: str | Path) -> dict:
-    """The recipe file as a mapping (``yaml.safe_load``); one line when it is missing or not a mapping."""
-    text = read_text(path, what="recipe file")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-        raise BadInput("not valid YAML", where=at, expected="a recipe (name, target, device, nproc, steps)",
-                       found=str(getattr(exc, "problem", None) or exc).splitlines()[0][:80]) from None
+    """The recipe file as a mapping (``strict_yaml.load``: no duplicate keys, no alias bombs); one line when it
+    is missing or not a mapping."""
+    doc = strict_yaml.load(read_text(path, what="recipe file"), where=str(path),
+                           expected="a recipe (name, target, device, nproc, steps)")
     if not isinstance(doc, dict):
         raise BadInput("not a recipe", where=str(path), expected="a YAML mapping with name, target, device, steps",
                        found=type(doc).__name__)
@@ -151,8 +145,8 @@ def override(doc: dict, sets: list[str] | None, file: str) -> dict:
             raise BadInput("bad override", where=f"--set {item}", expected="STEP.OPTION=VALUE or KEY=VALUE",
                            found=repr(item)[:80])
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
+            value = strict_yaml.load(raw, where=f"--set {item}", expected="a YAML value") if raw.strip() else None
+        except BadInput:
             value = raw
         key = key.strip()
         if "." not in key:
@@ -272,7 +266,16 @@ def _word(value: Any, option: str, where: str) -> str:
     if isinstance(value, (dict, list)):
         raise BadInput("option takes one value", where=where, expected=f"one value for --{option}",
                        found=type(value).__name__)
-    return str(value)
+    text = str(value)
+    if "\x00" in text or text.strip() in ("--help", "-h"):  # a NUL cannot be passed on; a help word runs nothing
+        raise BadInput("option value cannot be passed to the task", where=where,
+                       expected="a value for --" + option.replace("_", "-"), found=repr(text)[:80])
+    return text
+
+
+def _pair(flag: str, word: str) -> list[str]:
+    """``--flag VALUE``, or ``--flag=VALUE`` when VALUE starts with '-' (the task would read it as an option)."""
+    return [f"{flag}={word}"] if word.startswith("-") else [flag, word]
 
 
 def _argv(step: Step, spec: TaskOptions, shared: dict[str, Any], where: str) -> list[str]:
@@ -298,9 +301,9 @@ def _argv(step: Step, spec: TaskOptions, shared: dict[str, Any], where: str) -> 
                 argv.append(flag if value else "--no-" + flag[2:])
         elif kind == "list":
             for item in value if isinstance(value, list) else [value]:
-                argv += [flag, _word(item, name, f"{where}.{name}")]
+                argv += _pair(flag, _word(item, name, f"{where}.{name}"))
         else:
-            argv += [flag, _word(value, name, f"{where}.{name}")]
+            argv += _pair(flag, _word(value, name, f"{where}.{name}"))
     return argv
 
 
@@ -321,6 +324,9 @@ def select(recipe: Recipe, only: str | None = None, start: str | None = None) ->
 
     if only:
         wanted = {known(k.strip(), "--only") for k in str(only).split(",") if k.strip()}
+        if not wanted:
+            raise BadInput("no step named", where=f"--only {only}", expected="STEP[,STEP] of " + ", ".join(keys),
+                           found="none")
         return [s for s in recipe.steps if s.key in wanted]
     if start:
         return recipe.steps[keys.index(known(str(start).strip(), "--from")):]
@@ -460,6 +466,9 @@ def run_recipe(path: str | Path, tasks: dict[str, TaskOptions], *, root: str | P
     """``invoke recipe``: read and check the recipe, choose and plan its steps, then print the plan
     (``dry_run``) or run it. Returns the run's document; ``exit_code`` is the failing step's code (0: none)."""
     recipe = load(check_file(path), tasks, sets=sets, run_dir=run_dir, root=root)
+    if recipe.run.exists() and not recipe.run.is_dir():  # refused before any step runs, not after the first
+        raise BadInput("run folder is not a folder", where=f"--run-dir {run_dir}" if run_dir else str(recipe.run),
+                       expected="a folder (or a path that does not exist yet)", found="a file")
     planned = plan(recipe, select(recipe, only=only, start=start), tasks, resume=resume,
                    newest_checkpoint=newest_checkpoint, explicit=bool(only or start), dry_run=dry_run)
     doc: dict[str, Any] = {"recipe": str(path), "name": recipe.name, "run": recipe.run_text, "dry_run": dry_run,
