@@ -93,7 +93,7 @@ def _broken(tmp_path, edit):
          "hand-typed figure"),
         (lambda r: (r / "docs/index.md").write_text("{{ config plan/k25-investigation no_such_field }}\n"),
          "no_such_field"),
-        (lambda r: (r / "mkdocs.yml").write_text(re.sub(r"  - Findings:\n(      .*\n)+", "",
+        (lambda r: (r / "mkdocs.yml").write_text(re.sub(r"      - Findings:\n(          .*\n)+", "",
                                                         (r / "mkdocs.yml").read_text())),
          "docs/findings/F01-breakeven-not-one.md"),
     ],
