@@ -20,7 +20,9 @@ def test_a_rerun_with_another_config_or_prompts_changes_nothing(tmp_path, no_pro
     out = tmp_path / "ds"
     ps = prompts()
     launch.launch("some-target", ps, out, datagen.DatagenConfig(max_new_tokens=8), nproc=2, device="cpu")
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    (out / "part-0-of-2").mkdir()
+    (out / "part-0-of-2" / "shard-00000.safetensors").write_bytes(b"data a process wrote")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     launch.launch("some-target", ps, out, datagen.DatagenConfig(max_new_tokens=8), nproc=2, device="cpu")  # resumes
     with pytest.raises(Incompatible) as e:
         launch.launch("some-target", ps, out, datagen.DatagenConfig(max_new_tokens=9), nproc=2, device="cpu")
@@ -28,4 +30,12 @@ def test_a_rerun_with_another_config_or_prompts_changes_nothing(tmp_path, no_pro
     fewer = type(ps)(ps.name, ps.prompts[:-1], manifest=ps.manifest)
     with pytest.raises(Incompatible, match="prompts_sha256"):
         launch.launch("some-target", fewer, out, datagen.DatagenConfig(max_new_tokens=8), nproc=2, device="cpu")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_run_refused_before_its_first_shard_reruns_with_other_options(tmp_path, no_processes):
+    """Its run file holds no data: a rerun with corrected options starts afresh instead of being refused."""
+    out = tmp_path / "ds"
+    launch.launch("some-target", prompts(), out, datagen.DatagenConfig(max_new_tokens=8), nproc=2, device="cpu")
+    launch.launch("some-target", prompts(), out, datagen.DatagenConfig(max_new_tokens=9), nproc=2, device="cpu")
+    assert '"max_new_tokens": 9' in (out / launch.RUN_FILE).read_text()

@@ -31,7 +31,7 @@ from eaglekb.data.corpora import prompts_hash
 from eaglekb.data.datagen import DatagenConfig, build, first_difference, write_manifest
 from eaglekb.data.generation import progress_bar
 from eaglekb.data.prompts import read_prompt_sets, write_prompt_sets
-from eaglekb.formats.shards import HEAD_FILE, read_manifest
+from eaglekb.formats.shards import HEAD_FILE, SHARD_GLOB, read_manifest
 from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, Unavailable
 from eaglekb.io.files import atomic_write_json, read_json
 
@@ -146,8 +146,9 @@ def merge(out: Path, nproc: int, cfg: DatagenConfig, wall_s: float) -> dict:
 
 
 def _check_rerun(out: Path, conf: dict) -> None:
-    """A folder of an earlier several-process run resumes only with the same target, config and prompts."""
-    if not (out / RUN_FILE).is_file():
+    """A folder of an earlier several-process run resumes only with the same target, config and prompts; one
+    whose processes wrote no shard yet (a run refused before its first) holds no data and starts afresh."""
+    if not (out / RUN_FILE).is_file() or not any(out.glob(f"part-*/{SHARD_GLOB}")):
         return
     old = read_json(out / RUN_FILE, what="datagen run file")
     if "prompts_sha256" not in old and (out / PROMPTS_FILE).is_file():  # written before the hash was kept
