@@ -18,6 +18,9 @@ boundary between the user and the project.
   is a bug in eaglekb, said so in one line, with its traceback only under ``EAGLEKB_DEBUG=1``. Python
   warnings raised during a task are held back: one ``warning:`` line each after a task that succeeded,
   none after one that failed (its one error line says what went wrong).
+* SIGTERM and SIGHUP end a task the way Ctrl-C does (``stop_signals_as_interrupts``): every ``finally`` runs
+  (temp files removed, output locks released), then one ``error: stopped by SIGTERM`` line, exit 128+N; a
+  run with ``--record NAME`` holds that baseline's lock from the start (a second one is refused at once).
 * ``invoke TASK --help`` never runs the task, also where invoke would take ``--help`` as the value of
   a positional argument; invoke's own parse errors (unknown option, missing value) exit 2 with one line
   (``parse_errors_exit_2``, installed by tasks.py).
@@ -34,7 +37,9 @@ import errno
 import inspect
 import json
 import os
+import signal
 import sys
+import threading
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -74,8 +79,8 @@ _OS_FIX = {
     errno.ENOSPC: "free some space or choose another output folder",
     errno.EDQUOT: "free some space or choose another output folder",
     errno.EROFS: "choose a writable output folder",
-    errno.EACCES: "choose a folder you may write to, or fix its permissions",
-    errno.EPERM: "choose a folder you may write to, or fix its permissions",
+    errno.EACCES: "give a path you may read (an input) or write (an output), or fix its permissions",
+    errno.EPERM: "give a path you may read (an input) or write (an output), or fix its permissions",
     errno.ENAMETOOLONG: "use a shorter path",
     errno.ENOENT: "check the path",
     errno.ENOTDIR: "check the path: a part of it is a file, not a folder",
@@ -119,13 +124,60 @@ def cli_errors() -> Iterator[None]:
         yield
     except Exit:
         raise
+    except Stopped as exc:
+        _close_bars()
+        raise Exit(f"error: stopped by {signal.Signals(exc.signum).name}; nothing was recorded",
+                   code=128 + exc.signum) from None
     except KeyboardInterrupt:
+        _close_bars()
         raise Exit("error: interrupted; nothing was recorded", code=130) from None
     except Exception as exc:
         if os.environ.get(DEBUG_ENV) == "1" and not isinstance(exc, EaglekbError):
             raise
+        _close_bars()
         code = exc.exit_code if isinstance(exc, EaglekbError) else 2
         raise Exit(f"error: {error_line(exc)}", code=code) from None
+
+
+def _close_bars() -> None:
+    """End every live progress bar on its own line, so that the error line that follows is a line of its own."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        with contextlib.suppress(Exception):
+            bar.close()
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a task: raised like Ctrl-C, so every ``finally`` runs (temp files removed,
+    output locks released, a folder being replaced left whole) before the one error line."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: Signals that end a task the way Ctrl-C does (the default would end the process with no cleanup at all).
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@contextlib.contextmanager
+def stop_signals_as_interrupts() -> Iterator[None]:
+    """While the block runs (main thread only), SIGTERM and SIGHUP raise ``Stopped``; a second one ends the
+    process at once (the default), so a cleanup that hangs can still be stopped. Handlers restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        raise Stopped(signum)
+
+    before = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def parse_errors_exit_2() -> None:
@@ -231,6 +283,13 @@ class EaglekbTask(Task):
                               expected=f"a recorded baselines/{kind}/NAME.json", found=values["compare"],
                               fix="list them with `invoke baselines.check`")
 
+    def _lock_record(self, values: dict[str, Any], stack: contextlib.ExitStack) -> None:
+        """Hold the lock of baselines/KIND/NAME.json while a run with --record NAME works: a second run recording
+        the same name at the same time is refused at once, not after its work."""
+        kind = self.body.__module__.rpartition(".")[2]
+        if kind in baselines.KINDS and values.get("record"):
+            stack.enter_context(baselines.record_lock(f"{kind}/{values['record']}", where=f"--record {values['record']}"))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("default")
@@ -261,6 +320,8 @@ class EaglekbTask(Task):
             with contextlib.ExitStack() as stack:  # the outputs' locks (``claim``), released when the task ends
                 stack_token = _STACK.set(stack)
                 try:
+                    stack.enter_context(stop_signals_as_interrupts())
+                    self._lock_record(parsed, stack)
                     return super().__call__(args[0], **parsed)
                 finally:
                     _FORCE.reset(token)

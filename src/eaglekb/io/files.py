@@ -5,7 +5,8 @@ Owns:
 * ``atomic_write_bytes`` / ``atomic_write_text`` / ``atomic_write_json``: a temp file in
   the destination folder (``.NAME.<random>.tmp``), flushed and fsynced, then
   ``os.replace``: readers see the old file or the new one, never a half-written one;
-  the temp file is removed when anything fails (also on KeyboardInterrupt).
+  the temp file is removed when anything fails (also on KeyboardInterrupt); the file gets the mode a plain
+  ``open`` gives (0666 less the umask), not mkstemp's 0600.
 * ``atomic_save_safetensors``: the same for a tensor dict (safetensors only, no pickle).
 * ``stable_json``: sorted keys, 2-space indent, trailing newline (diffable files).
 * ``read_safetensors`` / ``safetensors_keys``: a missing file raises ``MissingFile``, an
@@ -48,12 +49,31 @@ from eaglekb.io.errors import BadInput, IntegrityError, MissingFile, SchemaError
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
+def _read_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: The process's umask (read once): the mode of a file written here is 0666 less these bits, as with ``open``.
+_UMASK = _read_umask()
+
+
+def check_readable(path: Path, what: str = "file") -> None:
+    """A file that exists but that this user may not read: one line naming it (before a reader says
+    something less exact, such as a safetensors reader's "No such file")."""
+    if path.exists() and not os.access(path, os.R_OK):
+        raise BadInput(f"{what} cannot be read", where=str(path), expected="a file this user may read",
+                       found="permission denied", fix="fix its permissions, or run as a user who may read it")
+
+
 def _atomic(path: str | Path, write: Callable[[Any], None], mode: str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # mkstemp opens with O_CREAT | O_EXCL | O_NOFOLLOW; the rename replaces a link at ``path``, never its target
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600: the output gets the mode a plain open would give
         with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as fh:
             write(fh)
             fh.flush()
@@ -113,6 +133,7 @@ def read_safetensors(path: str | Path, *, keys: list[str] | None = None, device:
     path = Path(path)
     if not path.is_file():
         raise not_a_file(path, "file", "a safetensors file")
+    check_readable(path, "safetensors file")
     try:
         with safe_open(str(path), framework="pt", device=device) as fh:
             names = list(fh.keys()) if keys is None else keys
@@ -134,6 +155,7 @@ def safetensors_keys(path: str | Path) -> tuple[list[str], dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise not_a_file(path, "file", "a safetensors file")
+    check_readable(path, "safetensors file")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as fh:
             return list(fh.keys()), dict(fh.metadata() or {})

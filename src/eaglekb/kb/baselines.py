@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from eaglekb.io.errors import BadInput, MissingFile, SchemaError
 from eaglekb.io.errors import one_line as _one_line
-from eaglekb.io.files import atomic_write_text, flatten, stable_json
+from eaglekb.io.files import atomic_write_text, flatten, output_lock, stable_json
 from eaglekb.kb.schema import (  # noqa: F401  (the schema's public names, re-exported for one-import callers)
     KINDS,
     NAME_RE,
@@ -373,6 +373,14 @@ def write(baseline: Baseline, root: Path | None = None, *, force: bool = False) 
         check_can_record(baseline.id, force=force, source=baseline.source, root=root)
         atomic_write_text(path, text)
     return path
+
+
+@contextlib.contextmanager
+def record_lock(baseline_id: str, *, where: str, root: Path | None = None) -> Iterator[Path]:
+    """Hold baselines/KIND/.NAME.json.lock while a run that will record KIND/NAME works: a second run recording
+    the same name at the same time is refused at once in one line (``output_lock``), not after its work."""
+    with output_lock(path_for(baseline_id, root), where=where) as lock:
+        yield lock
 
 
 def save_history(baseline: Baseline, root: Path | None = None) -> Path:

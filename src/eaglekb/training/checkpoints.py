@@ -41,7 +41,8 @@ from eaglekb.data.datagen import first_difference
 from eaglekb.formats.drafter import read_config
 from eaglekb.io import pieces
 from eaglekb.io.errors import Incompatible, IntegrityError, SchemaError
-from eaglekb.io.files import atomic_save_safetensors, atomic_write_json, atomic_write_text, read_json, read_safetensors
+from eaglekb.io.files import (atomic_save_safetensors, atomic_write_json, atomic_write_text, process_alive, read_json,
+                              read_safetensors)
 from eaglekb.models.drafter import Eagle3Drafter, save_drafter
 
 STATE_DIR = "trainer"
@@ -97,17 +98,23 @@ def save_checkpoint(out: Path, step: int, drafter, opt, fingerprint: dict, histo
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:07d}"
     tmp = root / f".tmp-step-{step:07d}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save_drafter(drafter, tmp)
-    atomic_save_safetensors(tmp / STATE_DIR / STATE_TENSORS, _state_tensors(drafter, opt))
-    doc = {"step": step, "fingerprint": fingerprint, "fingerprint_hash": fingerprint_hash(fingerprint),
-           "history": history,
-           "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]}
-    atomic_write_json(tmp / STATE_DIR / STATE_JSON, doc)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    for stale in root.glob(".tmp-step-*"):  # a half-written checkpoint of a run that was killed (its pid is gone)
+        pid = stale.name.rpartition("-")[2]
+        if stale == tmp or not process_alive(int(pid) if pid.isdigit() else 0):
+            shutil.rmtree(stale, ignore_errors=True)
+    try:
+        save_drafter(drafter, tmp)
+        atomic_save_safetensors(tmp / STATE_DIR / STATE_TENSORS, _state_tensors(drafter, opt))
+        doc = {"step": step, "fingerprint": fingerprint, "fingerprint_hash": fingerprint_hash(fingerprint),
+               "history": history,
+               "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]}
+        atomic_write_json(tmp / STATE_DIR / STATE_JSON, doc)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:  # interrupted or failed: no half-written checkpoint stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     for old in list_checkpoints(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
