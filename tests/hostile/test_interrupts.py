@@ -28,6 +28,9 @@ _CHILD = textwrap.dedent("""
     from eaglekb.io.files import atomic_write_with, output_lock
 
     out, sig = Path(sys.argv[1]), getattr(signal, sys.argv[2])
+    # Ctrl-C as in a terminal: a process started as a background job inherits SIGINT ignored, and Python then
+    # installs no handler of its own
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def write(fh):
         fh.write(b"half of the new ")
