@@ -139,6 +139,9 @@ DOCS_NAME = free_text(64, pattern=r"[A-Za-z0-9][A-Za-z0-9._+-]*",
                       expected="letters, digits, . _ + - (at most 64 characters, e.g. 0.1)")
 DOCS_ALIAS = free_text(64, pattern=r"(?:[A-Za-z0-9][A-Za-z0-9._+-]*)?",
                        expected="letters, digits, . _ + - (at most 64 characters, e.g. latest), or '' for none")
+#: The most draft steps per cycle a run takes (bench, plan.sglang): more is refused as a step count, not left for
+#: the static cache to refuse as a prompt that does not fit.
+MAX_DRAFT_STEPS = 64
 _MANY = 1 << 20  # a generous upper bound for counts and lengths: a typo, not a plan, beyond it
 
 #: The one parser of each option name, for every task that has it (``@task(options=...)`` overrides).

@@ -6,11 +6,9 @@ import contextlib
 from typing import Iterator
 
 from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, refuse_ignored, task, whole
+from runbooks._options import MAX_DRAFT_STEPS
 
 _SWEEP_FORM = "points 'steps,topk[,draft_tokens]' separated by ';' (e.g. '3,1;5,1;4,4,16')"
-#: The most draft steps per cycle a run takes (as plan.sglang): more is refused as a step count, not left for
-#: the static cache to refuse as a prompt that does not fit.
-MAX_DRAFT_STEPS = 64
 
 
 def _sweep(text: str) -> list[tuple[int, int, int | None]]:

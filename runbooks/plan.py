@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from eaglekb.measure import viability
 from runbooks._common import cli_errors, command_line, emit, finish, forced, finish_text, env_pairs, parse_floats, parse_int, real, task, text, whole
+from runbooks._options import MAX_DRAFT_STEPS
 
 
 
@@ -77,7 +78,7 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
         "record": "write baselines/plan/NAME.json",
         "compare": "compare with baselines/plan/NAME.json",
     },
-    options={"draft_vocab_size": whole(1, 1 << 22), "steps": whole(1, 64), "topk": whole(1, 64),
+    options={"draft_vocab_size": whole(1, 1 << 22), "steps": whole(1, MAX_DRAFT_STEPS), "topk": whole(1, 64),
              "draft_tokens": whole(2, 1024), "num_prompts": whole(1, 1024), "max_new_tokens": whole(8, 1 << 16),
              "repeats": whole(1, 100), "port": whole(1, 65534), "mem_fraction_static": real(above=0, hi=1),
              "max_total_tokens": whole(1, 1 << 40), "cuda_graph_max_bs": whole(1, 1 << 16),

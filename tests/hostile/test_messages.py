@@ -51,7 +51,7 @@ def test_a_resume_difference_is_compared_and_shown_as_json(dataset):
 
 
 def test_a_huge_sweep_step_count_is_refused_naming_the_most(ws):
-    from runbooks.bench import MAX_DRAFT_STEPS
+    from runbooks._options import MAX_DRAFT_STEPS
 
     for argv in (["bench", "--sweep=100000,1"], ["bench", "--steps=100000"]):
         res = run_cli(argv)

@@ -40,8 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglekb.io.errors import BadInput, EaglekbError, Incompatible, IntegrityError, MissingFile, SchemaError
-from eaglekb.io.files import (atomic_save_safetensors, atomic_write_json, read_json, read_safetensors,
-                              safetensors_keys)
+from eaglekb.io.files import atomic_save_safetensors, atomic_write_json, iter_safetensors, read_json, read_safetensors
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
@@ -321,8 +320,7 @@ def nonfinite_tensors(tensors: dict) -> list[str]:
 
 def nonfinite_in_file(path: str | Path) -> list[str]:
     """``nonfinite_tensors`` of one safetensors file, one tensor in memory at a time (a target's shards)."""
-    names, _ = safetensors_keys(path)
-    return sorted(k for k in names if not is_finite(read_safetensors(path, keys=[k])[k]))
+    return sorted(name for name, tensor in iter_safetensors(path) if not is_finite(tensor))
 
 
 def nonfinite_error(bad: list[str], where: str, *, what: str = "drafter") -> IntegrityError:

@@ -148,6 +148,23 @@ def read_safetensors(path: str | Path, *, keys: list[str] | None = None, device:
         raise _unreadable(path, exc) from None
 
 
+def iter_safetensors(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """Each tensor of a safetensors file as (name, tensor), one in memory at a time, from one open of the file;
+    the same one-line errors as ``read_safetensors``."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise not_a_file(path, "file", "a safetensors file")
+    check_readable(path, "safetensors file")
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as fh:
+            for name in list(fh.keys()):
+                yield name, fh.get_tensor(name)
+    except Exception as exc:  # safetensors raises SafetensorError, OSError, ValueError or RuntimeError
+        raise _unreadable(path, exc) from None
+
+
 def safetensors_keys(path: str | Path) -> tuple[list[str], dict[str, str]]:
     """Tensor names and the metadata of a safetensors file (header only)."""
     from safetensors import safe_open

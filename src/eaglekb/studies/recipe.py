@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eaglekb.io import strict_yaml
-from eaglekb.io.errors import BadInput, MissingFile
-from eaglekb.io.files import atomic_write_json, read_json, read_text
+from eaglekb.io.errors import BadInput
+from eaglekb.io.files import atomic_write_json, not_a_file, read_json, read_text
 
 TOP_KEYS = ("name", "target", "device", "nproc", "steps")
 DEVICES = ("cpu", "cuda")
@@ -453,8 +453,7 @@ def check_file(path: str | Path) -> Path:
     """The recipe file, or one line when it is missing."""
     p = Path(str(path))
     if not p.is_file():
-        raise MissingFile("no such recipe file", where=str(path), expected="a recipe .yaml (see recipes/)",
-                          found="nothing there" if not p.exists() else "a folder")
+        raise not_a_file(p, "recipe file", "a recipe .yaml (see recipes/)")
     return p
 
 
