@@ -67,7 +67,7 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
         "max_new_tokens": "tokens per request, end-of-sequence ignored (default 128)",
         "repeats": "timed passes (default 3)",
         "port": "the plain server's port; the speculative one gets port + 1 (default 30100)",
-        "mem_fraction_static": "SGLang --mem-fraction-static for both servers (default: SGLang's)",
+        "mem_fraction_static": "SGLang --mem-fraction-static for each of the two servers (default 0.4: they share one GPU)",
         "max_total_tokens": "KV pool cap in tokens for both servers (lets them share one GPU)",
         "cuda_graph_max_bs": "largest batch captured in CUDA graphs (default 8: batch 1 is what is timed)",
         "extra": "more SGLang flags for both servers, as one quoted string",
@@ -86,7 +86,7 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
 )
 def sglang(c, target="smollm2-135m", site=None, url=None, plain_url=None, drafter_out=None, draft_vocab_size=32768,
            steps=3, topk=1, draft_tokens=None, prompts="builtin", num_prompts=4, max_new_tokens=128, repeats=3,
-           port=30100, mem_fraction_static=None, max_total_tokens=None, cuda_graph_max_bs=8, extra="", env=None,
+           port=30100, mem_fraction_static=0.4, max_total_tokens=None, cuda_graph_max_bs=8, extra="", env=None,
            timeout_s=900, drafter_only=False, json=False, record=None, compare=None):
     """Break-even on SGLang before training: the plain step and the EAGLE-3 cycle with an untrained drafter."""
     with cli_errors():

@@ -57,7 +57,7 @@ class PlanConfig:
     warmup: int = 1
     port: int = 30100  # plain on port, speculative on port + 1
     dtype: str = "bfloat16"
-    mem_fraction_static: float | None = None
+    mem_fraction_static: float | None = 0.4  # two servers share one GPU: SGLang's own default is for one
     max_total_tokens: int | None = None
     cuda_graph_max_bs: int | None = 8
     extra: list[str] = field(default_factory=list)
