@@ -224,6 +224,6 @@ def env_pairs(values, option: str) -> dict:
         key, sep, val = str(v).partition("=")
         if not sep or not key or not key.replace("_", "").isalnum() or not key[0].isalpha():
             raise BadInput("not an environment setting", where=f"{option} {v}", expected="KEY=VALUE (e.g. "
-                           "SGLANG_ENABLE_SPEC_V2=1)", found=repr(str(v))[:80])
+                           "SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1)", found=repr(str(v))[:80])
         out[key] = val
     return out

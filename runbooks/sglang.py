@@ -79,7 +79,7 @@ def install(c, pieces, target, force=False, json=False):
         "disable_cuda_graph": "no CUDA graphs at all (F04 on the real system)",
         "disable_prefill_cuda_graph": "no prefill graphs (about 70 s less start-up; decode unchanged)",
         "extra": "more SGLang flags, as one quoted string",
-        "env": "KEY=VALUE for the server process only, repeatable (e.g. SGLANG_ENABLE_SPEC_V2=1)",
+        "env": "KEY=VALUE for the server process only, repeatable (e.g. SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1)",
         "timeout_s": "seconds to wait for /health (default 600)",
         "python": "interpreter for the server (default: this one)",
         "json": "print one JSON document as the last line",

@@ -41,7 +41,7 @@ class LaunchConfig:
     enable_metrics: bool = False  # per-request server timestamps in meta_info (the request split)
     sleep_on_idle: bool = False  # an idle server sleeps instead of polling (others share the host's cores)
     extra: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)  # set for the server process only (SGLANG_ENABLE_SPEC_V2=1)
+    env: dict[str, str] = field(default_factory=dict)  # set for the server process only (e.g. SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1)
 
 
 def launch_command(cfg: LaunchConfig, python: str = "python") -> list[str]:
