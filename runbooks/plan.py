@@ -51,7 +51,7 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
 
 
 @task(
-    iterable=["env"],
+    iterable=["env", "variant"],
     help={
         "target": "the served model: embedded name, Hugging Face repo id or folder (default smollm2-135m)",
         "site": "the serving stack's folder (invoke sglang.install), put on the servers' PYTHONPATH only",
@@ -67,7 +67,10 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
         "max_new_tokens": "tokens per request, end-of-sequence ignored (default 128)",
         "repeats": "timed passes (default 3)",
         "port": "the plain server's port; the speculative one gets port + 1 (default 30100)",
-        "mem_fraction_static": "SGLang --mem-fraction-static for each of the two servers (default 0.4: they share one GPU)",
+        "mem_fraction_static": "SGLang --mem-fraction-static for each server (default: 0.8 of the GPU shared among "
+                               "the servers, 0.4 each for two)",
+        "variant": "NAME=FLAGS: one more speculative server with these extra SGLang flags (KEY=VALUE tokens set its "
+                   "environment), timed against the same plain server; repeatable",
         "max_total_tokens": "KV pool cap in tokens for both servers (lets them share one GPU)",
         "cuda_graph_max_bs": "largest batch captured in CUDA graphs (default 8: batch 1 is what is timed)",
         "extra": "more SGLang flags for both servers, as one quoted string",
@@ -86,8 +89,8 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
 )
 def sglang(c, target="smollm2-135m", site=None, url=None, plain_url=None, drafter_out=None, draft_vocab_size=32768,
            steps=3, topk=1, draft_tokens=None, prompts="builtin", num_prompts=4, max_new_tokens=128, repeats=3,
-           port=30100, mem_fraction_static=0.4, max_total_tokens=None, cuda_graph_max_bs=8, extra="", env=None,
-           timeout_s=900, drafter_only=False, json=False, record=None, compare=None):
+           port=30100, mem_fraction_static=None, max_total_tokens=None, cuda_graph_max_bs=8, extra="", env=None,
+           timeout_s=900, drafter_only=False, variant=None, json=False, record=None, compare=None):
     """Break-even on SGLang before training: the plain step and the EAGLE-3 cycle with an untrained drafter."""
     with cli_errors():
         import shlex
@@ -101,7 +104,7 @@ def sglang(c, target="smollm2-135m", site=None, url=None, plain_url=None, drafte
                              repeats=repeats, port=port, mem_fraction_static=mem_fraction_static,
                              max_total_tokens=max_total_tokens, cuda_graph_max_bs=cuda_graph_max_bs,
                              extra=shlex.split(extra or ""), env=env_pairs(env, "--env"), timeout_s=timeout_s,
-                             drafter_only=bool(drafter_only))
+                             drafter_only=bool(drafter_only), variants=_variants(variant))
         if drafter_only and (record or compare):
             raise BadInput("nothing is timed with --drafter-only", where="--record/--compare",
                            expected="no --record with --drafter-only", found=str(record or compare))
@@ -115,6 +118,21 @@ def sglang(c, target="smollm2-135m", site=None, url=None, plain_url=None, drafte
                                  "tolerance_rel": 0.15},
                           summary=res["summary"]))
     emit(doc, res["summary"] + finish_text(doc), json)
+
+
+def _variants(given) -> dict:
+    """``--variant NAME=FLAGS`` (repeatable) as {name: {"extra", "env"}}; a name given twice is refused."""
+    from eaglekb.io.errors import BadInput
+    from eaglekb.measure.sglang.plan import parse_variant
+
+    out: dict = {}
+    for text in given or []:
+        name, v = parse_variant(text)
+        if name in out:
+            raise BadInput("a variant name given twice", where=f"--variant {text}", expected="one NAME per variant",
+                           found=name)
+        out[name] = v
+    return out
 
 
 def _record(given: str, option: str, kind: str):

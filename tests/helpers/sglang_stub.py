@@ -90,7 +90,7 @@ def serve(info: dict, generate: Callable[[list[int], int], list[int]] | None = N
 
 
 LAUNCH_SERVER = '''
-import sys, time
+import os, sys, time
 from pathlib import Path
 sys.path.insert(0, {helpers!r})
 from sglang_stub import make_handler
@@ -105,7 +105,12 @@ if "--stub-die" in args:
 delay = float(flag("--stub-delay", "0.5"))
 info = {{"version": "0.5.17-stub", "model_path": flag("--model-path"),
         "speculative_algorithm": flag("--speculative-algorithm"),
-        "speculative_num_steps": int(flag("--speculative-num-steps", "0") or 0)}}
+        "speculative_num_steps": int(flag("--speculative-num-steps", "0") or 0),
+        "speculative_eagle_topk": int(flag("--speculative-eagle-topk", "0") or 0) or None,
+        "speculative_num_draft_tokens": int(flag("--speculative-num-draft-tokens", "0") or 0) or None,
+        "speculative_draft_model_path": flag("--speculative-draft-model-path"),
+        "mem_fraction_static": float(flag("--mem-fraction-static", "0") or 0) or None,
+        "stub_argv": args, "stub_env": {{k: v for k, v in os.environ.items() if k.startswith("STUB_")}}}}
 srv = ThreadingHTTPServer(("127.0.0.1", int(flag("--port"))), make_handler(info, lambda ids, n: list(range(n)),
                           ready_at=time.time() + delay))
 print("stub sglang: serving", flush=True)

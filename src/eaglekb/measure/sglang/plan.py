@@ -15,6 +15,8 @@ uses it for the prediction it records beside the measured ratio). Knows nothing 
 
 from __future__ import annotations
 
+import re
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,13 +59,46 @@ class PlanConfig:
     warmup: int = 1
     port: int = 30100  # plain on port, speculative on port + 1
     dtype: str = "bfloat16"
-    mem_fraction_static: float | None = 0.4  # two servers share one GPU: SGLang's own default is for one
+    mem_fraction_static: float | None = None  # None: 0.8 of the GPU shared among the servers (0.4 each for two)
     max_total_tokens: int | None = None
     cuda_graph_max_bs: int | None = 8
     extra: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 900.0
     drafter_only: bool = False  # write the untrained drafter and say how to serve it; time nothing
+    #: more speculative servers, each with its own extra SGLang flags and environment, timed against the same
+    #: plain server: {name: {"extra": [...], "env": {...}}} (``parse_variant``)
+    variants: dict[str, dict] = field(default_factory=dict)
+
+
+_VARIANT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+_ENV_TOKEN = re.compile(r"^[A-Z][A-Z0-9_]*=")
+
+
+def parse_variant(text: str, option: str = "--variant") -> tuple[str, dict]:
+    """``NAME=FLAGS``: a named speculative server with extra SGLang flags; tokens of the form KEY=VALUE (upper-case
+    KEY) set its environment instead, e.g. ``overlap-plan=SGLANG_ENABLE_OVERLAP_PLAN_STREAM=1``."""
+    name, sep, rest = str(text).partition("=")
+    if not sep or not _VARIANT_NAME.match(name):
+        raise BadInput("not a variant", where=f"{option} {text}", expected="NAME=FLAGS, NAME in a-z, 0-9 and -, "
+                       "e.g. draft-triton='--speculative-draft-attention-backend triton'", found=repr(str(text))[:80])
+    try:
+        tokens = shlex.split(rest)
+    except ValueError as exc:
+        raise BadInput("variant flags do not parse", where=f"{option} {text}", found=str(exc)) from None
+    env = dict(t.split("=", 1) for t in tokens if _ENV_TOKEN.match(t))
+    extra = [t for t in tokens if not _ENV_TOKEN.match(t)]
+    if not tokens:
+        raise BadInput("a variant changes nothing", where=f"{option} {text}",
+                       expected="SGLang flags or KEY=VALUE settings after NAME=", found="nothing")
+    return name, {"extra": extra, "env": env}
+
+
+def mem_fraction(cfg: PlanConfig) -> float:
+    """Each server's share of the GPU: the one given, else 0.8 shared among all the servers launched."""
+    if cfg.mem_fraction_static is not None:
+        return cfg.mem_fraction_static
+    return round(min(0.4, 0.8 / (2 + len(cfg.variants))), 3)
 
 
 def untrained_drafter(target_path: str | Path, out: str | Path, draft_vocab_size: int, seed: int = 0) -> dict:
@@ -86,16 +121,23 @@ def untrained_drafter(target_path: str | Path, out: str | Path, draft_vocab_size
             "mapping": f"target token ids 0..{size - 1} (any valid mapping times the same)"}
 
 
-def _launch_pair(cfg: PlanConfig, target_path: str, drafter: str) -> list[dict]:
-    """Start the plain and the speculative server side by side; both healthy, or both stopped."""
-    common = dict(model_path=target_path, dtype=cfg.dtype, mem_fraction_static=cfg.mem_fraction_static,
+def _launch_all(cfg: PlanConfig, target_path: str, drafter: str) -> list[dict]:
+    """Start the plain server (``port``), the speculative one (``port + 1``) and one per variant (``port + 2``
+    on) side by side; all healthy, or all stopped."""
+    common = dict(model_path=target_path, dtype=cfg.dtype, mem_fraction_static=mem_fraction(cfg),
                   max_total_tokens=cfg.max_total_tokens, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
                   disable_radix_cache=True, disable_prefill_cuda_graph=True, enable_metrics=True,
-                  sleep_on_idle=True, extra=list(cfg.extra), env=dict(cfg.env))
-    docs = [launch(LaunchConfig(port=cfg.port, **common), site=cfg.site)]
+                  sleep_on_idle=True)
+    spec = dict(draft_model_path=drafter, steps=cfg.steps, topk=cfg.topk, draft_tokens=cfg.draft_tokens)
+    configs = [LaunchConfig(port=cfg.port, extra=list(cfg.extra), env=dict(cfg.env), **common),
+               LaunchConfig(port=cfg.port + 1, extra=list(cfg.extra), env=dict(cfg.env), **spec, **common)]
+    for i, v in enumerate(cfg.variants.values()):
+        configs.append(LaunchConfig(port=cfg.port + 2 + i, extra=list(cfg.extra) + v["extra"],
+                                    env={**cfg.env, **v["env"]}, **spec, **common))
+    docs: list[dict] = []
     try:
-        docs.append(launch(LaunchConfig(port=cfg.port + 1, draft_model_path=drafter, steps=cfg.steps, topk=cfg.topk,
-                                        draft_tokens=cfg.draft_tokens, **common), site=cfg.site))
+        for c in configs:
+            docs.append(launch(c, site=cfg.site))
         return [wait_ready(d, timeout_s=cfg.timeout_s) for d in docs]
     except BaseException:
         for d in docs:
@@ -170,6 +212,10 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
         raise BadInput("give both running servers or neither", where="--url / --plain-url",
                        expected="both (a plain and an untrained-drafter server of one target), or neither (launch)",
                        found=f"--url {cfg.url}, --plain-url {cfg.plain_url}")
+    if cfg.variants and (cfg.url is not None or cfg.drafter_only):
+        raise BadInput("variants are servers this task launches", where="--variant",
+                       expected="no --url/--plain-url and no --drafter-only beside --variant",
+                       found=", ".join(cfg.variants))
     target_path = str(sources.resolve(cfg.target, prepare_missing=False))
     if cfg.drafter_only:
         return write_only(cfg, target_path)
@@ -181,7 +227,7 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
         if progress:
             print(f"writing an untrained drafter of {cfg.target}'s shape to {out}", flush=True)
         drafter = untrained_drafter(target_path, out, cfg.draft_vocab_size, cfg.seed)
-        launched = _launch_pair(cfg, target_path, drafter["path"])
+        launched = _launch_all(cfg, target_path, drafter["path"])
         plain_url, url = launched[0]["url"], launched[1]["url"]
     else:
         url, plain_url = cfg.url, cfg.plain_url
@@ -194,16 +240,33 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
         pset = eval_prompts(cfg.prompts, cfg.num_prompts)
         prompts = runsetup.encode(AutoTokenizer.from_pretrained(target_path), pset)
         metrics, spread = measure(spec, plain, prompts, cfg, progress)
+        timed_variants = {}
+        for (name, v), d in zip(cfg.variants.items(), launched[2:]):
+            vspec = SGLangClient(d["url"], option=f"--variant {name}")
+            check_servers(SGLangBenchConfig(url=d["url"], plain_url=plain_url), vspec.server_info(), plain_info,
+                          target_path)
+            vm, vspread = measure(vspec, plain, prompts, cfg, progress)
+            timed_variants[name] = (vm, vspread)
     finally:
         for d in launched:
             stop_pid(d["pid"])
     steps = int(sc["steps"])
     metrics.update(price(metrics, cfg.max_new_tokens, steps))
+    metrics["fixed_ms"] = metrics["spec_cycle_ms"] - metrics["plain_step_ms"]
+    for name, (vm, vspread) in timed_variants.items():
+        vm.update(price(vm, cfg.max_new_tokens, steps))
+        vm["fixed_ms"] = vm["spec_cycle_ms"] - vm["plain_step_ms"]
+        vm["cycle_vs_base_x"] = vm["spec_cycle_ms"] / metrics["spec_cycle_ms"]
+        key = name.replace("-", "_")
+        metrics.setdefault("variants", {})[key] = vm
+        spread.update({f"variants.{key}.{k}": v for k, v in vspread.items()})
     config = {"backend": "sglang", "target": cfg.target, "target_path": target_path, "prompts": cfg.prompts,
               "prompts_manifest": pset.manifest, "num_prompts": cfg.num_prompts, "max_new_tokens": cfg.max_new_tokens,
               "repeats": cfg.repeats, "warmup": cfg.warmup, "steps": steps, "topk": int(sc["topk"]),
               "draft_tokens": int(sc["draft_tokens"]), "draft_vocab_size": cfg.draft_vocab_size, "seed": cfg.seed,
               "untrained_drafter": drafter, "launched": bool(launched), "extra": list(cfg.extra), "env": dict(cfg.env),
+              "variants": {n: {"extra": v["extra"], "env": v["env"]} for n, v in cfg.variants.items()},
+              "mem_fraction_static": mem_fraction(cfg) if launched else None,
               "server_info": summarize_info(info), "plain_server_info": summarize_info(plain_info),
               "wall_s": round(time.perf_counter() - t0, 1)}
     return {"config": config, "metrics": metrics, "spread": spread, "summary": summary(metrics, config)}
@@ -235,7 +298,10 @@ def summary(m: dict, config: dict) -> str:
     return (f"{config['target']} on SGLang {config['server_info'].get('version')}: plain step "
             f"{m['plain_step_ms']:.2f} ms, EAGLE-3 {shape} cycle {m['spec_cycle_ms']:.2f} ms; break-even accept "
             f"{m['breakeven_len']:.2f} (decode), {m['breakeven_e2e_len']:.2f} at {config['max_new_tokens']} new "
-            f"tokens; accept {best}")
+            f"tokens; accept {best}"
+            + "".join(f"\n  variant {name}: cycle {v['spec_cycle_ms']:.2f} ms ({v['cycle_vs_base_x']:.2f}x the default's), "
+                      f"plain step {v['plain_step_ms']:.2f} ms, break-even {v['breakeven_len']:.2f}"
+                      for name, v in (m.get("variants") or {}).items()))
 
 
 def check_plan(metrics: Any, where: str) -> dict:
