@@ -126,14 +126,20 @@ def _unreadable(path: Path, exc: BaseException) -> IntegrityError:
                           fix="re-create or re-download the file")
 
 
-def read_safetensors(path: str | Path, *, keys: list[str] | None = None, device: str = "cpu") -> dict:
-    """All tensors (or ``keys``) of a safetensors file; one-line errors for missing or corrupt files."""
-    from safetensors import safe_open
-
+def _safetensors_file(path: str | Path) -> Path:
+    """PATH as a safetensors file to open: a missing file, a folder or an unreadable file is one line."""
     path = Path(path)
     if not path.is_file():
         raise not_a_file(path, "file", "a safetensors file")
     check_readable(path, "safetensors file")
+    return path
+
+
+def read_safetensors(path: str | Path, *, keys: list[str] | None = None, device: str = "cpu") -> dict:
+    """All tensors (or ``keys``) of a safetensors file; one-line errors for missing or corrupt files."""
+    from safetensors import safe_open
+
+    path = _safetensors_file(path)
     try:
         with safe_open(str(path), framework="pt", device=device) as fh:
             names = list(fh.keys()) if keys is None else keys
@@ -153,10 +159,7 @@ def iter_safetensors(path: str | Path) -> Iterator[tuple[str, Any]]:
     the same one-line errors as ``read_safetensors``."""
     from safetensors import safe_open
 
-    path = Path(path)
-    if not path.is_file():
-        raise not_a_file(path, "file", "a safetensors file")
-    check_readable(path, "safetensors file")
+    path = _safetensors_file(path)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as fh:
             for name in list(fh.keys()):
@@ -169,10 +172,7 @@ def safetensors_keys(path: str | Path) -> tuple[list[str], dict[str, str]]:
     """Tensor names and the metadata of a safetensors file (header only)."""
     from safetensors import safe_open
 
-    path = Path(path)
-    if not path.is_file():
-        raise not_a_file(path, "file", "a safetensors file")
-    check_readable(path, "safetensors file")
+    path = _safetensors_file(path)
     try:
         with safe_open(str(path), framework="pt", device="cpu") as fh:
             return list(fh.keys()), dict(fh.metadata() or {})

