@@ -114,9 +114,10 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
     emit(doc, lib.render_text(report) + finish_text(doc), json)
 
 
-def _plan_record(name: str) -> dict:
-    """``plan/NAME`` (or NAME) as {"id", "metrics"}, its timings checked; one line when missing or not a plan."""
-    from eaglekb.io.errors import MissingFile
+def _plan_record(name: str, variant: str | None = None) -> dict:
+    """``plan/NAME`` (or NAME) as {"id", "metrics"}, its timings checked; one line when missing or not a plan.
+    With ``variant``: the timings of that ``--variant`` server of the record instead of its default one."""
+    from eaglekb.io.errors import BadInput, MissingFile
     from eaglekb.kb import baselines
     from eaglekb.measure.sglang.plan import check_plan
 
@@ -124,7 +125,16 @@ def _plan_record(name: str) -> dict:
     if not baselines.exists(ref):
         raise MissingFile("no plan record of that name", where=f"--plan {name}", expected=f"baselines/{ref}.json",
                           fix="record one before training: invoke plan.sglang --target TARGET --record NAME")
-    return {"id": ref, "metrics": check_plan(baselines.load_id(ref).metrics, f"--plan {name}")}
+    metrics = baselines.load_id(ref).metrics
+    if variant is None:
+        return {"id": ref, "metrics": check_plan(metrics, f"--plan {name}")}
+    key = str(variant).replace("-", "_")
+    timed = metrics.get("variants") or {} if isinstance(metrics, dict) else {}
+    if key not in timed:
+        raise BadInput("the plan record timed no such variant", where=f"--plan-variant {variant}",
+                       expected=f"one of {', '.join(sorted(timed)) or 'nothing: it was run without --variant'}",
+                       found=str(variant))
+    return {"id": ref, "variant": key, "metrics": check_plan(timed[key], f"--plan {name} --plan-variant {variant}")}
 
 
 @task(
@@ -144,6 +154,8 @@ def _plan_record(name: str) -> dict:
         "concurrency": "comma list of simultaneous requests (e.g. 1,2,4,8,16,32,64) against --url and --plain-url",
         "plan": "a plan.sglang record (plan/NAME, made before training): record the speedup it predicts from our "
                 "engine's accept length beside the measured one (needs --engine)",
+        "plan_variant": "with --plan: price with that record's --variant server (the SGLang settings you serve with) "
+                        "instead of its default one",
         "json": "print one JSON document as the last line",
         "record": "write baselines/bench/NAME.json",
         "compare": "compare with baselines/bench/NAME.json",
@@ -151,11 +163,12 @@ def _plan_record(name: str) -> dict:
 )
 def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
            repeats=3, warmup=1, target="smollm2-135m", engine=False, device="cuda", dtype="bfloat16",
-           concurrency="", plan=None, json=False, record=None, compare=None):
+           concurrency="", plan=None, plan_variant=None, json=False, record=None, compare=None):
     """Benchmark SGLang servers at batch 1 (and concurrency levels), optionally beside our engine, with parity."""
     with cli_errors():
         refuse_ignored([(name, not engine, "--engine (they set our engine's device and dtype)")
-                        for name in ("device", "dtype")], locals())
+                        for name in ("device", "dtype")]
+                       + [("plan_variant", not plan, "--plan (it picks one of that record's servers)")], locals())
         from eaglekb.measure.sglang import bench as lib
 
         levels = [parse_int(v.strip(), "--concurrency", 1, 4096) for v in str(concurrency or "").split(",") if v.strip()]
@@ -163,7 +176,7 @@ def sglang(c, url="http://127.0.0.1:30000", plain_url=None, prompts="gsm8k-eval"
         cfg = lib.SGLangBenchConfig(url=url, plain_url=plain_url, prompts=sets, num_prompts=num_prompts,
                                     max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup, target=target,
                                     engine=bool(engine), device=device, dtype=dtype, concurrency=levels,
-                                    plan=_plan_record(plan) if plan else None)
+                                    plan=_plan_record(plan, plan_variant) if plan else None)
         report = lib.run(cfg, progress=not json)
         config = dict(report.config, prompts_manifest=report.manifests)
         doc = {"metrics": report.metrics, "config": config}

@@ -150,6 +150,14 @@ def test_launch_refuses_a_drafter_of_another_shape(tiny_pair, tmp_path):
 def test_options_that_would_be_ignored_are_refused():
     assert "--engine" in _cli("bench.sglang", "--device=cpu")  # --dtype alike
     assert "--drafter" in _cli("sglang.launch", "--steps=5")  # --topk, --draft-tokens alike
+    assert "--plan" in _cli("bench.sglang", "--plan-variant=draft-triton")
+
+
+def test_a_plan_variant_the_record_never_timed_is_one_line():
+    """--plan-variant picks one of the plan record's --variant servers; one it has not is refused before any request."""
+    line = _cli("bench.sglang", "--engine", "--plan=plan/h100-qwen15-sglang-breakeven", "--plan-variant=draft-x",
+                "--url=http://127.0.0.1:1")
+    assert "--plan-variant draft-x" in line and "no such variant" in line
 
 
 # ----------------------------------------------------------------------------- URLs

@@ -102,7 +102,8 @@ def test_bench_records_the_prediction_beside_the_measured_ratio(tiny_pair, tmp_p
 
 def test_variants_launch_beside_the_pair_and_are_timed_against_one_plain_server(tiny_pair, tmp_path, monkeypatch):
     """--variant NAME=FLAGS: one more speculative server per variant (its flags and environment reach it), all
-    launched together on consecutive ports, each timed against the same plain server, all stopped after."""
+    launched together on consecutive ports, each timed against the same plain server, all stopped after; a
+    variant whose server does not start is reported in the record, and the others are still timed."""
     import socket
 
     from eaglekb.measure.sglang import server
@@ -111,21 +112,22 @@ def test_variants_launch_beside_the_pair_and_are_timed_against_one_plain_server(
     target, _ = tiny_pair
     site = stub_package(tmp_path / "site")
     monkeypatch.setattr(server, "STATE_DIR", tmp_path / "state")
-    with socket.socket() as sock:  # a free block of four ports
+    with socket.socket() as sock:  # a free block of five ports
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     variants = dict([plan.parse_variant("draft-triton=--speculative-draft-attention-backend triton"),
-                     plan.parse_variant("plan-stream=STUB_PLAN_STREAM=1")])
+                     plan.parse_variant("plan-stream=STUB_PLAN_STREAM=1"),
+                     plan.parse_variant("broken=--stub-die")])
     assert variants["plan-stream"] == {"extra": [], "env": {"STUB_PLAN_STREAM": "1"}}
     cfg = plan.PlanConfig(target=str(target), site=str(site), drafter_out=str(tmp_path / "untrained"),
                           draft_vocab_size=64, num_prompts=2, max_new_tokens=12, repeats=1, port=port,
                           timeout_s=60, variants=variants)
-    assert plan.mem_fraction(cfg) == pytest.approx(0.2)  # four servers share 0.8 of the GPU
+    assert plan.mem_fraction(cfg) == pytest.approx(0.16)  # five servers share 0.8 of the GPU
     launched, docs = [], []
     real_launch = plan.launch
     monkeypatch.setattr(plan, "launch", lambda c, **k: launched.append(c) or docs.append(real_launch(c, **k)) or docs[-1])
     res = plan.run(cfg, progress=False)
-    assert [c.port for c in launched] == [port, port + 1, port + 2, port + 3]
+    assert [c.port for c in launched] == [port, port + 1, port + 2, port + 3, port + 4]
     assert launched[0].draft_model_path is None and all(c.draft_model_path for c in launched[1:])
     assert launched[2].extra[-2:] == ["--speculative-draft-attention-backend", "triton"]
     assert launched[3].env == {"STUB_PLAN_STREAM": "1"} and launched[1].env == {}
@@ -136,7 +138,9 @@ def test_variants_launch_beside_the_pair_and_are_timed_against_one_plain_server(
         assert v["fixed_ms"] == pytest.approx(v["spec_cycle_ms"] - v["plain_step_ms"]) and v["cycle_vs_base_x"] > 0
     assert res["config"]["variants"]["draft-triton"]["extra"] == ["--speculative-draft-attention-backend", "triton"]
     assert "variant draft_triton: cycle" in res["summary"]
-    assert len(docs) == 4 and not any(server.process_alive(d["pid"]) for d in docs)  # every server stopped
+    assert "exited during start-up" in res["config"]["variants"]["broken"]["failed"]
+    assert "variant broken: did not start" in res["summary"] and "broken" not in m["variants"]
+    assert len(docs) == 5 and not any(server.process_alive(d["pid"]) for d in docs)  # every server stopped
     with pytest.raises(BadInput, match="variants are servers this task launches"):
         plan.run(plan.PlanConfig(target=str(target), url="http://127.0.0.1:1", plain_url="http://127.0.0.1:2",
                                  variants=variants), progress=False)

@@ -57,7 +57,8 @@ class SGLangBenchConfig:
     device: str = "cuda"
     dtype: str = "bfloat16"
     concurrency: list[int] = field(default_factory=list)
-    plan: dict | None = None  # a plan.sglang record ({"id", "metrics"}): the prediction made before training
+    plan: dict | None = None  # a plan.sglang record ({"id", "metrics"}; "variant" when priced with one of its
+    # variant servers): the prediction made before training
 
 
 def spec_of(info: dict) -> dict | None:
@@ -425,6 +426,8 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
               "plain_server_info": summarize_info(plain_info) if plain_info else None}
     if cfg.plan is not None:
         config["plan"] = cfg.plan["id"]
+        if cfg.plan.get("variant"):
+            config["plan_variant"] = cfg.plan["variant"]
     if engine is not None:
         config.update(engine_graphs=engine.graphs, engine_compiled=engine.compiled, engine_fused=engine.fused)
     return SGLangReport(config=config, metrics=metrics, spread=spread, summary=summary(metrics, spec),

@@ -24,7 +24,7 @@ from typing import Any
 
 from eaglekb.data.prompts import eval_prompts
 from eaglekb.engine.timing import stats
-from eaglekb.io.errors import BadInput, Incompatible
+from eaglekb.io.errors import BadInput, Incompatible, Unavailable
 from eaglekb.io.files import read_json
 from eaglekb.measure import setup as runsetup
 from eaglekb.measure import viability
@@ -138,7 +138,14 @@ def _launch_all(cfg: PlanConfig, target_path: str, drafter: str) -> list[dict]:
     try:
         for c in configs:
             docs.append(launch(c, site=cfg.site))
-        return [wait_ready(d, timeout_s=cfg.timeout_s) for d in docs]
+        ready = [wait_ready(d, timeout_s=cfg.timeout_s) for d in docs[:2]]
+        for d in docs[2:]:  # a variant whose settings this SGLang refuses is reported, the others still timed
+            try:
+                ready.append(wait_ready(d, timeout_s=cfg.timeout_s))
+            except Unavailable as exc:
+                stop_pid(d["pid"])
+                ready.append(dict(d, failed=str(exc)))
+        return ready
     except BaseException:
         for d in docs:
             stop_pid(d["pid"])
@@ -248,8 +255,11 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
         pset = eval_prompts(cfg.prompts, cfg.num_prompts)
         prompts = runsetup.encode(AutoTokenizer.from_pretrained(target_path), pset)
         metrics, spread = measure(spec, plain, prompts, cfg, progress)
-        timed_variants = {}
+        timed_variants, failed = {}, {}
         for (name, v), d in zip(cfg.variants.items(), launched[2:]):
+            if d.get("failed"):
+                failed[name] = d["failed"]
+                continue
             vspec = SGLangClient(d["url"], option=f"--variant {name}")
             check_servers(SGLangBenchConfig(url=d["url"], plain_url=plain_url), vspec.server_info(), plain_info,
                           target_path)
@@ -271,7 +281,8 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
               "repeats": cfg.repeats, "warmup": cfg.warmup, "steps": steps, "topk": int(sc["topk"]),
               "draft_tokens": int(sc["draft_tokens"]), "draft_vocab_size": cfg.draft_vocab_size, "seed": cfg.seed,
               "untrained_drafter": drafter, "launched": bool(launched), "extra": list(cfg.extra), "env": dict(cfg.env),
-              "variants": {n: {"extra": v["extra"], "env": v["env"]} for n, v in cfg.variants.items()},
+              "variants": {n: dict({"extra": v["extra"], "env": v["env"]}, **({"failed": failed[n]} if n in failed else {}))
+                           for n, v in cfg.variants.items()},
               "mem_fraction_static": mem_fraction(cfg) if launched else None,
               "server_info": summarize_info(info), "plain_server_info": summarize_info(plain_info),
               "wall_s": round(time.perf_counter() - t0, 1)}
@@ -307,7 +318,9 @@ def summary(m: dict, config: dict) -> str:
             f"tokens; accept {best}"
             + "".join(f"\n  variant {name}: cycle {v['spec_cycle_ms']:.2f} ms ({v['cycle_vs_base_x']:.2f}x the default's), "
                       f"plain step {v['plain_step_ms']:.2f} ms, break-even {v['breakeven_len']:.2f}"
-                      for name, v in (m.get("variants") or {}).items()))
+                      for name, v in (m.get("variants") or {}).items())
+            + "".join(f"\n  variant {name}: did not start ({v['failed']})"
+                      for name, v in (config.get("variants") or {}).items() if v.get("failed")))
 
 
 def check_plan(metrics: Any, where: str) -> dict:
