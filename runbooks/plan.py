@@ -67,8 +67,9 @@ def plan(c, baseline_tps=None, cycle_ms=None, accept_len=None, target_tps=None, 
         "max_new_tokens": "tokens per request, end-of-sequence ignored (default 128)",
         "repeats": "timed passes (default 3)",
         "port": "the plain server's port; the speculative one gets port + 1 (default 30100)",
-        "mem_fraction_static": "SGLang --mem-fraction-static for each server (default: 0.8 of the GPU shared among "
-                               "the servers, 0.4 each for two)",
+        "mem_fraction_static": "SGLang --mem-fraction-static for each server, passed as given (default: 0.8 of the "
+                               "GPU shared among the servers, 0.4 each for two; the servers start one after another, "
+                               "each told its share as a fraction of the memory free as it starts)",
         "variant": "NAME=FLAGS: one more speculative server with these extra SGLang flags (KEY=VALUE tokens set its "
                    "environment), timed against the same plain server; repeatable",
         "max_total_tokens": "KV pool cap in tokens for both servers (lets them share one GPU)",

@@ -123,11 +123,19 @@ def test_variants_launch_beside_the_pair_and_are_timed_against_one_plain_server(
                           draft_vocab_size=64, num_prompts=2, max_new_tokens=12, repeats=1, port=port,
                           timeout_s=60, variants=variants)
     assert plan.mem_fraction(cfg) == pytest.approx(0.16)  # five servers share 0.8 of the GPU
-    launched, docs = [], []
-    real_launch = plan.launch
-    monkeypatch.setattr(plan, "launch", lambda c, **k: launched.append(c) or docs.append(real_launch(c, **k)) or docs[-1])
+    launched, docs, events = [], [], []
+    real_launch, real_ready = plan.launch, plan.wait_ready
+    monkeypatch.setattr(plan, "launch", lambda c, **k: launched.append(c) or events.append("launch")
+                        or docs.append(real_launch(c, **k)) or docs[-1])
+    monkeypatch.setattr(plan, "wait_ready", lambda d, **k: events.append("wait") or real_ready(d, **k))
+    free = iter([1.0, 0.8, 0.64, 0.5, 0.4])  # what the GPU has free as each server starts
+    monkeypatch.setattr(plan, "free_fraction", lambda: next(free))
     res = plan.run(cfg, progress=False)
     assert [c.port for c in launched] == [port, port + 1, port + 2, port + 3, port + 4]
+    assert events == ["launch", "wait"] * 5  # one after another: each healthy before the next starts
+    # each server's fifth of 0.8 of the GPU, as a fraction of what is free when it starts
+    assert [c.mem_fraction_static for c in launched] == [0.16, 0.2, 0.25, 0.32, 0.4]
+    assert res["config"]["launched_mem_fraction_static"] == [0.16, 0.2, 0.25, 0.32, 0.4]
     assert launched[0].draft_model_path is None and all(c.draft_model_path for c in launched[1:])
     assert launched[2].extra[-2:] == ["--speculative-draft-attention-backend", "triton"]
     assert launched[3].env == {"STUB_PLAN_STREAM": "1"} and launched[1].env == {}

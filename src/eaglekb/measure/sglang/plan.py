@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from eaglekb.measure import viability
 from eaglekb.formats.drafter import read_config
 from eaglekb.measure.sglang.bench import Run, SGLangBenchConfig, _sglang_method, check_servers, passes, server_split
 from eaglekb.measure.sglang.config import LaunchConfig
-from eaglekb.measure.sglang.server import launch, stop_pid, summarize_info, wait_ready
+from eaglekb.measure.sglang.server import free_fraction, launch, stop_pid, summarize_info, wait_ready
 from eaglekb.models import sources
 from eaglekb.models.drafter import build_drafter_for_target, save_drafter
 from eaglekb.models.server import SGLangClient
@@ -95,10 +95,19 @@ def parse_variant(text: str, option: str = "--variant") -> tuple[str, dict]:
 
 
 def mem_fraction(cfg: PlanConfig) -> float:
-    """Each server's share of the GPU: the one given, else 0.8 shared among all the servers launched."""
+    """Each server's share of the whole GPU: the one given, else 0.8 shared among all the servers launched."""
     if cfg.mem_fraction_static is not None:
         return cfg.mem_fraction_static
     return round(min(0.4, 0.8 / (2 + len(cfg.variants))), 3)
+
+
+def launch_fraction(cfg: PlanConfig, free: float | None) -> float:
+    """The --mem-fraction-static one server gets when ``free`` of the GPU is free as it starts: its share of the
+    whole GPU as a fraction of what is free (SGLang reads the fraction against free memory), at most 0.9. A
+    fraction given with --mem-fraction-static is passed as it is; without a GPU reading, the share itself."""
+    if cfg.mem_fraction_static is not None or not free:
+        return mem_fraction(cfg)
+    return round(min(0.9, mem_fraction(cfg) / free), 3)
 
 
 def untrained_drafter(target_path: str | Path, out: str | Path, draft_vocab_size: int, seed: int = 0) -> dict:
@@ -123,7 +132,8 @@ def untrained_drafter(target_path: str | Path, out: str | Path, draft_vocab_size
 
 def _launch_all(cfg: PlanConfig, target_path: str, drafter: str) -> list[dict]:
     """Start the plain server (``port``), the speculative one (``port + 1``) and one per variant (``port + 2``
-    on) side by side; all healthy, or all stopped."""
+    on), one after another, each healthy before the next starts and sized from the memory free then
+    (``launch_fraction``); the first two healthy or all stopped, a variant that does not start reported."""
     common = dict(model_path=target_path, dtype=cfg.dtype, mem_fraction_static=mem_fraction(cfg),
                   max_total_tokens=cfg.max_total_tokens, cuda_graph_max_bs=cfg.cuda_graph_max_bs,
                   disable_radix_cache=True, disable_prefill_cuda_graph=True, enable_metrics=True,
@@ -134,20 +144,22 @@ def _launch_all(cfg: PlanConfig, target_path: str, drafter: str) -> list[dict]:
     for i, v in enumerate(cfg.variants.values()):
         configs.append(LaunchConfig(port=cfg.port + 2 + i, extra=list(cfg.extra) + v["extra"],
                                     env={**cfg.env, **v["env"]}, **spec, **common))
-    docs: list[dict] = []
+    ready: list[dict] = []
     try:
-        for c in configs:
-            docs.append(launch(c, site=cfg.site))
-        ready = [wait_ready(d, timeout_s=cfg.timeout_s) for d in docs[:2]]
-        for d in docs[2:]:  # a variant whose settings this SGLang refuses is reported, the others still timed
+        for i, c in enumerate(configs):
+            c = replace(c, mem_fraction_static=launch_fraction(cfg, free_fraction()))
+            d = launch(c, site=cfg.site)
             try:
-                ready.append(wait_ready(d, timeout_s=cfg.timeout_s))
+                ready.append(dict(wait_ready(d, timeout_s=cfg.timeout_s), mem_fraction_static=c.mem_fraction_static))
             except Unavailable as exc:
-                stop_pid(d["pid"])
-                ready.append(dict(d, failed=str(exc)))
+                if i < 2:
+                    ready.append(d)
+                    raise
+                stop_pid(d["pid"])  # a variant whose settings this SGLang refuses is reported, the others timed
+                ready.append(dict(d, failed=str(exc), mem_fraction_static=c.mem_fraction_static))
         return ready
     except BaseException:
-        for d in docs:
+        for d in ready:
             stop_pid(d["pid"])
         raise
 
@@ -284,6 +296,7 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
               "variants": {n: dict({"extra": v["extra"], "env": v["env"]}, **({"failed": failed[n]} if n in failed else {}))
                            for n, v in cfg.variants.items()},
               "mem_fraction_static": mem_fraction(cfg) if launched else None,
+              "launched_mem_fraction_static": [d.get("mem_fraction_static") for d in launched],
               "server_info": summarize_info(info), "plain_server_info": summarize_info(plain_info),
               "wall_s": round(time.perf_counter() - t0, 1)}
     return {"config": config, "metrics": metrics, "spread": spread, "summary": summary(metrics, config)}

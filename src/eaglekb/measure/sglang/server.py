@@ -226,6 +226,22 @@ def wait_ready(doc: dict, *, timeout_s: float = 600.0, progress: bool = True, in
     return doc
 
 
+def free_fraction() -> float | None:
+    """The free share of the first visible GPU's memory (0-1) as this process sees it; None without one.
+    SGLang 0.5.17 sizes a server from the memory free when it starts (its KV pool is what is free after its
+    weights, less ``(1 - mem_fraction_static)`` of the memory that was free before them), so servers sharing a
+    GPU are launched one after another, each with a fraction of what is free then."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        free, total = torch.cuda.mem_get_info()
+        return free / total if total else None
+    except Exception:  # no usable GPU here: the caller keeps its fixed share
+        return None
+
+
 def stop_pid(pid: int, *, grace_s: float = 30.0) -> bool:
     """SIGTERM the process group ``pid`` leads, SIGKILL after ``grace_s``; False if it was not running."""
     if not process_alive(pid):
