@@ -98,6 +98,10 @@ def test_bench_records_the_prediction_beside_the_measured_ratio(tiny_pair, tmp_p
     acc = rep.metrics["my_prompts"]["engine_spec"]["accept_len"]
     assert vs["predicted_x"] == pytest.approx(viability.request_speedup(TIMINGS, acc, 12)["speedup_x"])
     assert "prediction_error_pct" in vs and rep.config["plan"] == "plan/x"
+    m = rep.metrics["my_prompts"]
+    assert vs["same_run_decode_x"] == pytest.approx(acc * m["sglang_plain"]["server"]["cycle_ms"]
+                                                    / m["sglang"]["server"]["cycle_ms"])
+    assert "same_run_error_pct" in vs
 
 
 def test_variants_launch_beside_the_pair_and_are_timed_against_one_plain_server(tiny_pair, tmp_path, monkeypatch):

@@ -281,6 +281,12 @@ def predicted(plan_metrics: dict, m: dict, new_tokens: int) -> dict:
     s, pl = m.get("sglang", {}).get("server", {}), m.get("sglang_plain", {}).get("server", {})
     if s.get("decode_tok_s") and pl.get("decode_tok_s"):
         out["sglang_spec_vs_plain_decode_x"] = s["decode_tok_s"] / pl["decode_tok_s"]
+        if s.get("cycle_ms") and pl.get("cycle_ms"):
+            # the same rule fed this run's own step and cycle: tells the rule's error from the timings' drift
+            # between the plan's run and this one
+            out["same_run_decode_x"] = acc * pl["cycle_ms"] / s["cycle_ms"]
+            out["same_run_error_pct"] = 100 * (out["sglang_spec_vs_plain_decode_x"] - out["same_run_decode_x"]) \
+                / out["same_run_decode_x"]
     measured = ratios(m).get("sglang_spec_vs_plain_x")
     if measured:
         out["prediction_error_pct"] = 100 * (measured - p["speedup_x"]) / p["speedup_x"]
