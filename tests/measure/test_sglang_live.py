@@ -174,6 +174,9 @@ def test_profile_task_records_the_split(tiny_pair, tmp_path, monkeypatch):
         res = sglang_bench.profile_split(url, str(target), "builtin", 8, 20, str(tmp_path / "prof"))
         assert res["metrics"]["gpu"]["verify_graph_kernels_count"] == 9
         assert res["metrics"]["request"]["cycle_ms"] >= 0 and res["metrics"]["accept_len"] > 1
+        g = res["metrics"]["gpu"]
+        assert res["metrics"]["gpu_busy_ms"] == pytest.approx(g["verify_gpu_ms"] + g["draft_gpu_ms"] + g["eager_gpu_ms"])
+        assert "under the profiler" in res["summary"]
         from eaglekb.kb import baselines
 
         baselines.build(kind="bench", name="stub-profile", config=res["config"], metrics=res["metrics"],
