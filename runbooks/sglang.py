@@ -73,7 +73,10 @@ def install(c, pieces, target, force=False, json=False):
         "trust_remote_code": "let the server run the model repository's own code (SGLang --trust-remote-code)",
         "site": "the serving stack's folder (invoke sglang.install), put on the server's PYTHONPATH only",
         "dtype": "bfloat16 (default), float16 or float32",
-        "mem_fraction_static": "SGLang --mem-fraction-static (default: SGLang's)",
+        "mem_fraction_static": "SGLang --mem-fraction-static, a fraction of the GPU memory free when the server "
+                               "starts (default: SGLang's)",
+        "gpu_share": "this server's share of the whole GPU (0-1), turned into --mem-fraction-static against the "
+                     "memory free now: start servers that share a GPU one after another, each with its share",
         "max_total_tokens": "KV pool cap in tokens (lets several servers share one GPU)",
         "cuda_graph_max_bs": "largest batch captured in CUDA graphs (default: SGLang's)",
         "disable_cuda_graph": "no CUDA graphs at all (F04 on the real system)",
@@ -86,11 +89,11 @@ def install(c, pieces, target, force=False, json=False):
     },
     options={"port": whole(1, 65535), "tp": whole(1, 1024), "timeout_s": whole(1, 86400), "max_total_tokens": whole(1, 1 << 40),
              "cuda_graph_max_bs": whole(1, 1 << 16), "dtype": one_of("bfloat16", "float16", "float32"),
-             "mem_fraction_static": real(above=0, hi=1), "extra": text},
+             "mem_fraction_static": real(above=0, hi=1), "gpu_share": real(above=0, hi=1), "extra": text},
 )
 def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens=None, port=30000, tp=1,
            trust_remote_code=False, site=None,
-           dtype="bfloat16", mem_fraction_static=None, max_total_tokens=None, cuda_graph_max_bs=None,
+           dtype="bfloat16", mem_fraction_static=None, gpu_share=None, max_total_tokens=None, cuda_graph_max_bs=None,
            disable_cuda_graph=False, disable_prefill_cuda_graph=False, extra="", env=None, timeout_s=600, python=None,
            json=False):
     """Start an SGLang server (EAGLE-3 with --drafter) in the background; wait for /health; record server_info."""
@@ -101,9 +104,17 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
         import sys
 
         from eaglekb.measure.sglang.config import LaunchConfig
-        from eaglekb.measure.sglang.server import check_drafter, launch as lib_launch, wait_ready
+        from eaglekb.measure.sglang.server import (check_drafter, fraction_for_share, free_fraction, launch as lib_launch,
+                                                   wait_ready)
 
+        if gpu_share is not None and mem_fraction_static is not None:
+            from eaglekb.io.errors import BadInput
+
+            raise BadInput("two ways to size one server", where="--gpu-share / --mem-fraction-static",
+                           expected="one of them", found=f"{gpu_share} and {mem_fraction_static}")
         model = check_drafter(target, drafter)
+        if gpu_share is not None:
+            mem_fraction_static = fraction_for_share(float(gpu_share), free_fraction())
         cfg = LaunchConfig(model_path=str(model), draft_model_path=drafter, steps=steps, topk=topk,
                            draft_tokens=draft_tokens, port=port, tp=tp, trust_remote_code=bool(trust_remote_code),
                            dtype=dtype, mem_fraction_static=mem_fraction_static,

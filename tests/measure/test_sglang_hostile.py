@@ -153,6 +153,17 @@ def test_options_that_would_be_ignored_are_refused():
     assert "--plan" in _cli("bench.sglang", "--plan-variant=draft-triton")
 
 
+def test_a_gpu_share_is_turned_into_a_fraction_of_the_free_memory():
+    from eaglekb.measure.sglang.server import fraction_for_share
+
+    assert fraction_for_share(0.2, 0.5) == 0.4  # a fifth of the GPU when half of it is free
+    assert fraction_for_share(0.2, None) == 0.2  # no reading: the share itself
+    with pytest.raises(Unavailable, match="too little free memory"):
+        fraction_for_share(0.5, 0.4)
+    line = _cli("sglang.launch", "--gpu-share=0.2", "--mem-fraction-static=0.3")
+    assert "--gpu-share" in line and "one of them" in line
+
+
 def test_a_plan_variant_the_record_never_timed_is_one_line():
     """--plan-variant picks one of the plan record's --variant servers; one it has not is refused before any request."""
     line = _cli("bench.sglang", "--engine", "--plan=plan/h100-qwen15-sglang-breakeven", "--plan-variant=draft-x",

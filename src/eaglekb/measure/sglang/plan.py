@@ -31,7 +31,7 @@ from eaglekb.measure import viability
 from eaglekb.formats.drafter import read_config
 from eaglekb.measure.sglang.bench import Run, SGLangBenchConfig, _sglang_method, check_servers, passes, server_split
 from eaglekb.measure.sglang.config import LaunchConfig
-from eaglekb.measure.sglang.server import free_fraction, launch, stop_pid, summarize_info, wait_ready
+from eaglekb.measure.sglang.server import fraction_for_share, free_fraction, launch, stop_pid, summarize_info, wait_ready
 from eaglekb.models import sources
 from eaglekb.models.drafter import build_drafter_for_target, save_drafter
 from eaglekb.models.server import SGLangClient
@@ -103,11 +103,11 @@ def mem_fraction(cfg: PlanConfig) -> float:
 
 def launch_fraction(cfg: PlanConfig, free: float | None) -> float:
     """The --mem-fraction-static one server gets when ``free`` of the GPU is free as it starts: its share of the
-    whole GPU as a fraction of what is free (SGLang reads the fraction against free memory), at most 0.9. A
-    fraction given with --mem-fraction-static is passed as it is; without a GPU reading, the share itself."""
-    if cfg.mem_fraction_static is not None or not free:
-        return mem_fraction(cfg)
-    return round(min(0.9, mem_fraction(cfg) / free), 3)
+    whole GPU as a fraction of what is free (SGLang reads the fraction against free memory). A fraction given
+    with --mem-fraction-static is passed as it is."""
+    if cfg.mem_fraction_static is not None:
+        return cfg.mem_fraction_static
+    return fraction_for_share(mem_fraction(cfg), free, where="each server's share")
 
 
 def untrained_drafter(target_path: str | Path, out: str | Path, draft_vocab_size: int, seed: int = 0) -> dict:

@@ -242,6 +242,18 @@ def free_fraction() -> float | None:
         return None
 
 
+def fraction_for_share(share: float, free: float | None, *, where: str = "--gpu-share") -> float:
+    """The --mem-fraction-static that gives a server ``share`` of the whole GPU when ``free`` of it is free now
+    (``free_fraction``); the share itself without a reading. One line when what is free cannot hold it."""
+    if not free:
+        return round(share, 3)
+    if share / free > 0.95:
+        raise Unavailable("the GPU has too little free memory for that share", where=f"{where} {share:g}",
+                          expected=f"a share of at most {0.95 * free:.2f} (the GPU is {free:.0%} free now)",
+                          found=f"{share:g}", fix="stop a server on this GPU or ask for a smaller share")
+    return round(share / free, 3)
+
+
 def stop_pid(pid: int, *, grace_s: float = 30.0) -> bool:
     """SIGTERM the process group ``pid`` leads, SIGKILL after ``grace_s``; False if it was not running."""
     if not process_alive(pid):
