@@ -85,12 +85,20 @@ SGLANG_METRICS = ("sglang.median_tok_s", "sglang.accept_len", "sglang_plain.medi
                   "engine_spec.median_tok_s", "engine_spec.accept_len", "engine.median_tok_s")
 
 
+SGLANG_SETTINGS = ("attention_backend", "speculative_draft_attention_backend", "speculative_attention_mode",
+                   "disable_overlap_schedule")
+
+
 def _sglang_rows(b: Baseline) -> list[dict[str, Any]]:
     """A served run (bench.sglang): one row per prompt set, single stream, the server's setup as its config."""
     info = b.config.get("server_info") or {}
+    state = info.get("internal_state") or {}
     config = {"backend": "sglang", **{k: b.config.get(k) for k in BENCH_CONFIG},
               **{k: info.get(f"speculative_{k}") for k in ("num_steps", "eagle_topk", "num_draft_tokens")},
-              "cuda_graph": not info.get("disable_cuda_graph"), "concurrency": b.config.get("concurrency") or None}
+              "cuda_graph": not info.get("disable_cuda_graph"), "concurrency": b.config.get("concurrency") or None,
+              # the server settings that change its speed: a run with another draft attention backend or scheduler
+              # is another setup, not a newer result of the same one
+              **{k: info.get(k, state.get(k)) for k in SGLANG_SETTINGS if info.get(k, state.get(k)) is not None}}
     shape = "chain" if (info.get("speculative_eagle_topk") or 1) == 1 else "tree"
     rows = []
     for key, node in b.metrics.items():
