@@ -42,7 +42,7 @@ MODEL_OPTIONS = frozenset({"target", "model"})
 #: Options that are names or revisions, never paths.
 NAME_OPTIONS = frozenset({"record", "compare", "prefix", "commit", "version", "alias", "branch", "rev_a", "rev_b",
                           "addr", "server", "server_model", "names", "command",
-                          "slice", "plan", "plan_variant"})  # K/N or a baseline id (plan/NAME), not a path
+                          "slice", "plan", "plan_variant", "shape_from"})  # K/N or a baseline id (plan/NAME), not a path
 _PATHLIKE = re.compile(r"(/|\.(jsonl?|safetensors|txt|pt|npy|bin|gguf|md|ya?ml)$)")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

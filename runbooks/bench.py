@@ -60,6 +60,8 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
         "topk": "tree branching (1 = chain)",
         "draft_tokens": "draft-token budget incl. the root",
         "sweep": "several points 'steps,topk[,draft_tokens];...' e.g. '3,1;5,1;4,4,16'",
+        "shape_from": "bench/NAME: the best point of that recorded sweep (same prompt set, drafter and kind of "
+                      "device) as the one point timed",
         "repeats": "timed passes over all prompts and methods (default 3)",
         "warmup": "untimed runs per method first (default 1)",
         "device": "cpu or cuda[:N]",
@@ -79,7 +81,7 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
 def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
-          compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1):
+          compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1, shape_from=None):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -93,7 +95,14 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             ("graphs", not cuda and graphs in ("on", "both"), "--device cuda (CUDA graphs need a GPU)"),
             ("profile", not cuda or graphs == "off", "--device cuda with CUDA graphs (it profiles the graphed steps)"),
             ("cpu_step_threads", cuda, "--device cpu (the CPU engine's step threads)"),
-        ], locals())
+        ] + [(name, bool(shape_from), "no --shape-from (the record's best point gives the shape)")
+             for name in ("steps", "topk", "draft_tokens", "sweep")], locals())
+        shape = None
+        if shape_from:
+            from eaglekb.kb.shapes import best_shape
+
+            shape = best_shape(shape_from, prompts=prompts, drafter=drafter or default_drafter(target), device=device)
+            steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
         cfg = lib.BenchConfig(
             target=target, drafter=drafter or default_drafter(target), prompts=prompts,
             num_prompts=parse_int(num_prompts, "--num-prompts"), max_new_tokens=parse_int(max_new_tokens, "--max-new-tokens"),
@@ -107,6 +116,8 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
         )
         with _sweep_blamed(bool(sweep)):
             report = lib.run(cfg, progress=not json)
+        if shape:
+            report.config["shape_from"] = shape["from"]  # where the shape came from, in the record
         doc = report.to_dict()
         config = dict(report.config, prompts_manifest=report.prompts_manifest, failures=report.failures)
         doc.update(finish(kind="bench", record=record, compare=compare, config=config, metrics=report.metrics,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, task
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, refuse_ignored, task
 
 DEFAULT_RECORD = "smollm2-135m-default"
 
@@ -25,6 +25,8 @@ def _one_float(value, option):
         "steps": "draft steps per cycle (SGLang --speculative-num-steps, default 3)",
         "topk": "tree branching (1 = chain; SGLang --speculative-eagle-topk)",
         "draft_tokens": "draft-token budget incl. the root (SGLang --speculative-num-draft-tokens)",
+        "shape_from": "bench/NAME: the best point of that recorded sweep (same prompt set, drafter and kind of "
+                      "device) as --steps, --topk and --draft-tokens",
         "temperature": "0 = greedy (exactness checked); > 0 = sampled verification",
         "device": "cpu or cuda[:N]",
         "dtype": "float32 (exactness holds), bfloat16 or float16",
@@ -36,15 +38,24 @@ def _one_float(value, option):
     },
 )
 def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompts="gsm8k-eval", num_prompts=8,
-          max_new_tokens=64, steps=3, topk=1, draft_tokens=None, temperature=0.0, device="cpu", dtype="float32",
-          baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None):
+          max_new_tokens=64, steps=3, topk=1, draft_tokens=None, temperature=0.0, device="cpu",
+          dtype="float32", baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None, shape_from=None):
     """Offline (teacher-forced) and online acceptance, exactness, and viable-or-not against break-even."""
     with cli_errors():
         from eaglekb.io.progress import announce
 
+        refuse_ignored([(name, bool(shape_from), "no --shape-from (the record's best point gives the shape)")
+                        for name in ("steps", "topk", "draft_tokens")], locals())
         announce(f"loading {target} and its drafter ...", enabled=not json)  # at once: the imports take seconds
         from eaglekb.measure import probe as lib
         from eaglekb.measure.setup import default_drafter
+
+        shape = None
+        if shape_from:
+            from eaglekb.kb.shapes import best_shape
+
+            shape = best_shape(shape_from, prompts=prompts, drafter=drafter or default_drafter(target), device=device)
+            steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
 
         cfg = lib.ProbeConfig(
             target=target, drafter=drafter or default_drafter(target), reference_drafter=reference_drafter,
@@ -55,6 +66,8 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
             baseline_tps=_one_float(baseline_tps, "--baseline-tps"), cycle_ms=_one_float(cycle_ms, "--cycle-ms"),
         )
         report = lib.run(cfg, progress=not json)
+        if shape:
+            report.config["shape_from"] = shape["from"]  # where the shape came from, in the record
         doc = report.to_dict()
         config = dict(report.config, prompts_manifest=report.prompts_manifest)
         # The embedded default (no options) always answers "did it reproduce the recorded result?".

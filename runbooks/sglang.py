@@ -75,6 +75,8 @@ def install(c, pieces, target, force=False, json=False):
         "dtype": "bfloat16 (default), float16 or float32",
         "mem_fraction_static": "SGLang --mem-fraction-static, a fraction of the GPU memory free when the server "
                                "starts (default: SGLang's)",
+        "shape_from": "bench/NAME: the best point of that recorded sweep on a GPU (same drafter) as --steps, --topk "
+                      "and --draft-tokens",
         "gpu_share": "this server's share of the whole GPU (0-1), turned into --mem-fraction-static against the "
                      "memory free now: start servers that share a GPU one after another, each with its share",
         "max_total_tokens": "KV pool cap in tokens (lets several servers share one GPU)",
@@ -95,11 +97,18 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
            trust_remote_code=False, site=None,
            dtype="bfloat16", mem_fraction_static=None, gpu_share=None, max_total_tokens=None, cuda_graph_max_bs=None,
            disable_cuda_graph=False, disable_prefill_cuda_graph=False, extra="", env=None, timeout_s=600, python=None,
-           json=False):
+           json=False, shape_from=None):
     """Start an SGLang server (EAGLE-3 with --drafter) in the background; wait for /health; record server_info."""
     with cli_errors():
         refuse_ignored([(name, not drafter, "--drafter (a plain server drafts nothing)")
-                        for name in ("steps", "topk", "draft_tokens")], locals())
+                        for name in ("steps", "topk", "draft_tokens", "shape_from")]
+                       + [(name, bool(shape_from), "no --shape-from (the record's best point gives the shape)")
+                          for name in ("steps", "topk", "draft_tokens")], locals())
+        if shape_from:
+            from eaglekb.kb.shapes import best_shape
+
+            shape = best_shape(shape_from, drafter=drafter, device="cuda")
+            steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
         import shlex
         import sys
 
