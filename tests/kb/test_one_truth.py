@@ -60,6 +60,14 @@ def test_no_title_holds_a_figure():
     assert not bad, f"figures or placeholders in finding titles: {bad}"
 
 
+def test_no_placeholder_in_the_fields_printed_as_text():
+    """A finding's status reason and scope are printed as they are written (only the claim and the headline are
+    rendered), so a placeholder there would reach the reader as raw template text."""
+    bad = {fid: [k for k in ("status_reason", "scope") if "{{" in str(getattr(f, k, "") or "")]
+           for fid, f in FINDINGS.items()}
+    assert not {fid: ks for fid, ks in bad.items() if ks}, bad
+
+
 def test_a_target_page_names_its_drafter_by_the_hash_the_records_store():
     stored = {entry["sha256"] for d in RECORDS.values()
               for entry in (d["provenance"].get("inputs") or {}).values()
