@@ -49,11 +49,15 @@ def test_engine_greedy_matches_hf_generate(kind):
 
 
 @pytest.mark.parametrize("rows", range(1, 10))
-def test_cpu_few_rows_linear_is_the_same_product(rows):
-    """layers.linear (w @ x.T for 2-7 rows on the CPU) equals F.linear, with and without a bias, 2-D and 3-D."""
+def test_cpu_few_rows_linear_is_the_same_product(rows, monkeypatch):
+    """layers.linear (w @ x.T for 1-7 rows on the CPU where chosen) equals F.linear, with and without a bias,
+    2-D and 3-D."""
     from torch.nn import functional as F
 
+    from eaglekb.models import layers
     from eaglekb.models.layers import linear
+
+    monkeypatch.setattr(layers, "_TRANSPOSED", {r: True for r in range(1, 8)})
 
     g = torch.Generator().manual_seed(rows)
     w, b = torch.randn(48, 16, generator=g), torch.randn(48, generator=g)
@@ -81,12 +85,34 @@ def test_cpu_steps_through_the_few_rows_product_equal_f_linear(monkeypatch):
         return [eng.decode_one(20, n), eng.decode_one(21, n + 1),
                 tm(torch.tensor([[22, 23, 24, 25, 26]]), ar, ar, causal_rows(n, 5, n + 5, "cpu"), eng.tkv)]
 
+    monkeypatch.setattr(layers, "_TRANSPOSED", {r: True for r in range(1, 8)})
     fast = steps()
-    monkeypatch.setattr(layers, "CPU_FEW_ROWS", (99, 0))  # every product through F.linear
+    monkeypatch.setattr(layers, "_TRANSPOSED", {})  # every product through F.linear
     for (lf, af), (lr, ar_) in zip(fast, steps()):
         assert lf.shape == lr.shape and af.shape == ar_.shape
         torch.testing.assert_close(lf, lr, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(af, ar_, atol=1e-5, rtol=1e-5)
+
+
+def test_the_cpu_product_is_timed_per_row_count_and_kept_per_process(monkeypatch):
+    """calibrate_cpu_products times both products for 1-7 rows on matrices large enough to time, keeps the
+    faster per row count (recorded as cpu_products), times a set of shapes once per process, and leaves tiny
+    matrices (a test model's) at the default."""
+    from eaglekb.models import layers
+
+    monkeypatch.setattr(layers, "_TRANSPOSED", {r: True for r in range(1, 8)})
+    monkeypatch.setattr(layers, "_CALIBRATED", {})
+    assert layers.calibrate_cpu_products([torch.randn(48, 16)]) == {str(r): "transposed" for r in range(1, 8)}
+    assert layers._CALIBRATED == {}  # too small to time
+    w = torch.randn(1024, 1024)
+    chosen = layers.calibrate_cpu_products([w], repeats=1)
+    assert set(chosen) == {str(r) for r in range(1, 8)} and set(chosen.values()) <= {"direct", "transposed"}
+    assert chosen == layers.cpu_products() and len(layers._CALIBRATED) == 1
+    calls = []
+    monkeypatch.setattr(layers, "linear", lambda *a: calls.append(1))
+    assert layers.calibrate_cpu_products([w], repeats=1) == chosen and not calls  # kept, not timed again
+    eng = Engine(build("qwen2")[2])
+    assert eng.cpu_products == layers.cpu_products()  # an engine on the CPU says which product it runs
 
 
 SPECS = [SpecConfig(steps=1), SpecConfig(steps=3), SpecConfig(steps=6), SpecConfig(steps=3, topk=2),

@@ -35,7 +35,7 @@ from eaglekb.engine.kv import causal_rows, mask_width, tree_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.engine.parallel import check_spec, parallel_chain
 from eaglekb.engine.timing import PhaseTimer
-from eaglekb.models.layers import CPU_FEW_ROWS
+from eaglekb.models.layers import CPU_FEW_ROWS, calibrate_cpu_products
 from eaglekb.io.errors import BadInput
 
 
@@ -136,6 +136,12 @@ class Engine:
         self._target_step = Graphed(lambda ids, pos, slots, mask: target(ids, pos, slots, mask, self.tkv, compiled=c),
                                     enabled=self.graphs)
         self._loop = DecodeLoop(self) if self.graphs else None
+        # CPU: the faster product for a step's few rows, timed on this model's own matrices (once per process)
+        self.cpu_products = None
+        if self.device.type == "cpu":
+            with self._steps():
+                self.cpu_products = calibrate_cpu_products(
+                    [target.layers[0].wgu, target.layers[0].down, target.layers[0].wqkv, target.lm_head])
         if drafter is not None:
             self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv,
                                                                                  compiled=c),
@@ -150,7 +156,9 @@ class Engine:
         Measured on the 2-core CPU machine (smollm2-135m fp32): one thread is as fast as two for these
         memory-bound steps on a quiet machine, and with one other busy process two OpenMP threads made a
         1-token step 2.4x and a 4-token verify 3-4x slower (threads wait at barriers for a descheduled
-        peer) while one thread slowed by a few percent: plain and speculative decoding now degrade alike."""
+        peer) while one thread slowed by a few percent: plain and speculative decoding now degrade alike. On
+        another 2-core host two threads streamed the weights about twice as fast on a quiet machine
+        (``invoke bench --cpu-step-threads 2``); one stays the default for its behaviour under load."""
         if self.device.type != "cpu" or not self.step_threads:
             yield
             return

@@ -353,6 +353,7 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     config["fused_chain_main"] = engine.fused
     config["fused_tree_main"] = engine.fused
     config["cpu_step_threads"] = engine.step_threads if engine.device.type == "cpu" else None
+    config["cpu_products"] = engine.cpu_products  # the product timed fastest per row count on this CPU
     config["torch_threads"] = torch.get_num_threads()
     config["max_len"] = max_len
     return BenchReport(config=config, prompts_manifest=pset.manifest, metrics=metrics, spread=spread,

@@ -75,19 +75,66 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(dtype)
 
 
-#: Rows (tokens in a step) for which the CPU runs ``w @ x.T`` instead of ``x @ w.T``: 1 to 7 rows. On the 2-core
-#: CPU the BLAS behind ``F.linear`` takes a slow path for a handful of rows (a decoder's weights at 2 to 5 rows
-#: stream at about half the rate of one row), while the transposed product streams them faster for 2 to 5 rows
-#: than one row does, so one row runs as two identical columns (docs/reference/engine.md, "Few rows on the
-#: CPU"). Many rows and every GPU: ``F.linear``.
+#: Rows (tokens in a step) for which the CPU may run ``w @ x.T`` instead of ``x @ w.T``: 1 to 7 rows. On one 2-core
+#: CPU the BLAS behind ``F.linear`` took a slow path for a handful of rows (a decoder's weights at 2 to 5 rows
+#: streamed at about half the rate of one row), while the transposed product streamed them faster, one row run as
+#: two identical columns; on another the opposite held (docs/reference/engine.md, "Few rows on the CPU"), so the
+#: choice is timed per machine (``calibrate_cpu_products``). Many rows and every GPU: ``F.linear``.
 CPU_FEW_ROWS = (1, 7)
+
+#: Per row count in ``CPU_FEW_ROWS``: whether ``linear`` runs the transposed product. Which of the two is faster
+#: depends on the CPU and its BLAS (on another 2-core host ``F.linear`` was about twice as fast at every count), so
+#: ``calibrate_cpu_products`` times both on the model's own weights and sets this; until then, the transposed one.
+_TRANSPOSED: dict[int, bool] = {r: True for r in range(CPU_FEW_ROWS[0], CPU_FEW_ROWS[1] + 1)}
+_CALIBRATED: dict[tuple, dict[int, str]] = {}
+#: Weights smaller than this are not timed (a tiny test model's products take microseconds: noise, not a choice).
+CALIBRATE_MIN_NUMEL = 1 << 20
+
+
+def cpu_products() -> dict[str, str]:
+    """The product ``linear`` runs on the CPU per row count: {"1": "transposed" or "direct", ...}."""
+    return {str(r): "transposed" if t else "direct" for r, t in sorted(_TRANSPOSED.items())}
+
+
+def calibrate_cpu_products(weights: list[torch.Tensor], *, repeats: int = 3, margin: float = 0.1) -> dict[str, str]:
+    """Time ``F.linear`` against the transposed product for 1-7 rows over ``weights`` (a model's matrices), on the
+    threads in force, and keep for each row count the faster; the transposed one only when it is faster by more
+    than ``margin`` (so timing noise does not flip the choice). Once per process for the same shapes and threads;
+    CPU float32/bfloat16 matrices only, tiny ones left at the default. Returns ``cpu_products()``."""
+    weights = [w for w in weights if w.device.type == "cpu" and w.dim() == 2 and w.numel() >= CALIBRATE_MIN_NUMEL]
+    if not weights:
+        return cpu_products()
+    key = (tuple((tuple(w.shape), w.dtype) for w in weights), torch.get_num_threads())
+    if key not in _CALIBRATED:
+        import time
+
+        choice = {}
+        with torch.inference_mode():
+            for rows in range(CPU_FEW_ROWS[0], CPU_FEW_ROWS[1] + 1):
+                xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in weights]
+                best = {}
+                for name, transposed in (("direct", False), ("transposed", True)):
+                    _TRANSPOSED[rows] = transposed
+                    times = []
+                    for _ in range(repeats + 1):  # the first pass warms the kernel and the caches
+                        t0 = time.perf_counter()
+                        for x, w in zip(xs, weights):
+                            linear(x, w)
+                        times.append(time.perf_counter() - t0)
+                    best[name] = min(times[1:])
+                choice[rows] = "transposed" if best["transposed"] < (1 - margin) * best["direct"] else "direct"
+        _CALIBRATED[key] = choice
+    for rows, name in _CALIBRATED[key].items():
+        _TRANSPOSED[rows] = name == "transposed"
+    return cpu_products()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``; for 1-7 rows on the CPU the same product as ``(w @ x.T).T`` (the faster kernel; one
-    row as two identical columns, the first kept)."""
+    """``F.linear(x, w, b)``; for 1-7 rows on the CPU, where ``calibrate_cpu_products`` found it faster (the
+    default before any calibration), the same product as ``(w @ x.T).T`` (one row as two identical columns, the
+    first kept)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if x.device.type != "cpu" or not CPU_FEW_ROWS[0] <= rows <= CPU_FEW_ROWS[1]:
+    if x.device.type != "cpu" or not _TRANSPOSED.get(rows, False):
         return F.linear(x, w, b)
     cols = x.reshape(rows, x.shape[-1])
     if rows == 1:

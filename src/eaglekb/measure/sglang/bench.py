@@ -282,8 +282,7 @@ def predicted(plan_metrics: dict, m: dict, new_tokens: int) -> dict:
     if s.get("decode_tok_s") and pl.get("decode_tok_s"):
         out["sglang_spec_vs_plain_decode_x"] = s["decode_tok_s"] / pl["decode_tok_s"]
         if s.get("cycle_ms") and pl.get("cycle_ms"):
-            # the same rule fed this run's own step and cycle: tells the rule's error from the timings' drift
-            # between the plan's run and this one
+            # the rule fed this run's own step and cycle: its error apart from the drift between the two runs
             out["same_run_decode_x"] = acc * pl["cycle_ms"] / s["cycle_ms"]
             out["same_run_error_pct"] = 100 * (out["sglang_spec_vs_plain_decode_x"] - out["same_run_decode_x"]) \
                 / out["same_run_decode_x"]
@@ -487,8 +486,7 @@ def profile_split(url: str, target: str, prompts: str, max_new: int, num_steps: 
     config = {"backend": "sglang", "url": url, "target": target, "target_path": target_path, "prompts": prompts,
               "prompts_manifest": pset.manifest, "max_new_tokens": max_new, "num_steps": num_steps,
               "trace": str(trace), "server_info": summarize_info(info)}
-    # the profiler slows the host side (every launch recorded), so the traced period overstates the cycle; its GPU
-    # times and launch counts hold, and the unprofiled cycle of the same prompt gives what the host costs
+    # the profiler slows the host (every launch recorded): trust its GPU times and counts, and the unprofiled cycle
     busy = gpu["verify_gpu_ms"] + gpu["draft_gpu_ms"] + gpu["eager_gpu_ms"]
     metrics["gpu_busy_ms"] = busy
     unprofiled = metrics["request"].get("cycle_ms")
