@@ -427,6 +427,18 @@ def refuse_ignored(cases: list[tuple[str, bool, str]], values: dict[str, Any]) -
             raise no_effect("--" + name.replace("_", "-"), values.get(name), needs)
 
 
+def shape_from_record(ref: Any, values: dict[str, Any], *, also: tuple[str, ...] = (), **match: Any) -> dict | None:
+    """``--shape-from bench/NAME``: a shape typed beside it refused in one line, then that sweep's best point
+    (``eaglekb.kb.shapes.best_shape``, checked against ``match``: prompts, drafter, device); None without it."""
+    if not ref:
+        return None
+    refuse_ignored([(name, True, "no --shape-from (the record's best point gives the shape)")
+                    for name in ("steps", "topk", "draft_tokens", *also)], values)
+    from eaglekb.kb.shapes import best_shape
+
+    return best_shape(str(ref), **match)
+
+
 def claim(path: Any, option: str, *, lock: bool = True, force: bool | None = None, **guard: Any) -> Any:
     """The one rule for an output the user names (``eaglekb.io.files.guard_output``: never a tracked file,
     never an input, an existing one only with --force and only of the command's own kind), checked before
@@ -459,5 +471,5 @@ def finish_text(doc: dict[str, Any]) -> str:
 
 
 __all__ = ["BASELINE_NAME", "EaglekbTask", "OPTIONS", "Opt", "claim", "cli_errors", "command_line", "emit", "error_line",
-           "finish", "finish_text", "forced", "given", "no_effect", "one_line", "one_of", "parse_errors_exit_2", "refuse_ignored",
+           "finish", "finish_text", "forced", "given", "no_effect", "one_line", "one_of", "parse_errors_exit_2", "refuse_ignored", "shape_from_record",
            "parse_floats", "parse_int", "parse_options", "real", "task", "text", "whole"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, refuse_ignored, task, whole
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_int, refuse_ignored, shape_from_record, task, whole
 from runbooks._options import MAX_DRAFT_STEPS
 
 _SWEEP_FORM = "points 'steps,topk[,draft_tokens]' separated by ';' (e.g. '3,1;5,1;4,4,16')"
@@ -95,13 +95,10 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             ("graphs", not cuda and graphs in ("on", "both"), "--device cuda (CUDA graphs need a GPU)"),
             ("profile", not cuda or graphs == "off", "--device cuda with CUDA graphs (it profiles the graphed steps)"),
             ("cpu_step_threads", cuda, "--device cpu (the CPU engine's step threads)"),
-        ] + [(name, bool(shape_from), "no --shape-from (the record's best point gives the shape)")
-             for name in ("steps", "topk", "draft_tokens", "sweep")], locals())
-        shape = None
-        if shape_from:
-            from eaglekb.kb.shapes import best_shape
-
-            shape = best_shape(shape_from, prompts=prompts, drafter=drafter or default_drafter(target), device=device)
+        ], locals())
+        shape = shape_from_record(shape_from, locals(), also=("sweep",), prompts=prompts,
+                                  drafter=drafter or default_drafter(target), device=device)
+        if shape:
             steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
         cfg = lib.BenchConfig(
             target=target, drafter=drafter or default_drafter(target), prompts=prompts,

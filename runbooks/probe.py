@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, refuse_ignored, task
+from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, shape_from_record, task
 
 DEFAULT_RECORD = "smollm2-135m-default"
 
@@ -44,17 +44,14 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
     with cli_errors():
         from eaglekb.io.progress import announce
 
-        refuse_ignored([(name, bool(shape_from), "no --shape-from (the record's best point gives the shape)")
-                        for name in ("steps", "topk", "draft_tokens")], locals())
+        values = dict(locals())
         announce(f"loading {target} and its drafter ...", enabled=not json)  # at once: the imports take seconds
         from eaglekb.measure import probe as lib
         from eaglekb.measure.setup import default_drafter
 
-        shape = None
-        if shape_from:
-            from eaglekb.kb.shapes import best_shape
-
-            shape = best_shape(shape_from, prompts=prompts, drafter=drafter or default_drafter(target), device=device)
+        shape = shape_from_record(shape_from, values, prompts=prompts, drafter=drafter or default_drafter(target),
+                                  device=device)
+        if shape:
             steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
 
         cfg = lib.ProbeConfig(

@@ -6,7 +6,7 @@ The benchmark itself is `invoke bench.sglang` (runbooks/bench.py).
 
 from __future__ import annotations
 
-from runbooks._common import (cli_errors, emit, env_pairs, finish, finish_text, one_of, real, refuse_ignored, task,
+from runbooks._common import (cli_errors, emit, env_pairs, finish, finish_text, one_of, real, refuse_ignored, shape_from_record, task,
                               text, whole)
 
 _MIB = 1 << 20
@@ -101,13 +101,9 @@ def launch(c, target="smollm2-135m", drafter=None, steps=3, topk=1, draft_tokens
     """Start an SGLang server (EAGLE-3 with --drafter) in the background; wait for /health; record server_info."""
     with cli_errors():
         refuse_ignored([(name, not drafter, "--drafter (a plain server drafts nothing)")
-                        for name in ("steps", "topk", "draft_tokens", "shape_from")]
-                       + [(name, bool(shape_from), "no --shape-from (the record's best point gives the shape)")
-                          for name in ("steps", "topk", "draft_tokens")], locals())
-        if shape_from:
-            from eaglekb.kb.shapes import best_shape
-
-            shape = best_shape(shape_from, drafter=drafter, device="cuda")
+                        for name in ("steps", "topk", "draft_tokens", "shape_from")], locals())
+        shape = shape_from_record(shape_from, locals(), drafter=drafter, device="cuda")
+        if shape:
             steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
         import shlex
         import sys
