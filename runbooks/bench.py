@@ -127,7 +127,7 @@ def _plan_record(name: str, variant: str | None = None) -> dict:
     With ``variant``: the timings of that ``--variant`` server of the record instead of its default one."""
     from eaglekb.io.errors import BadInput, MissingFile
     from eaglekb.kb import baselines
-    from eaglekb.measure.sglang.plan import check_plan
+    from eaglekb.measure.sglang.plan import check_plan, variant_key
 
     ref = "plan/" + str(name).removeprefix("plan/")
     if not baselines.exists(ref):
@@ -136,7 +136,7 @@ def _plan_record(name: str, variant: str | None = None) -> dict:
     metrics = baselines.load_id(ref).metrics
     if variant is None:
         return {"id": ref, "metrics": check_plan(metrics, f"--plan {name}")}
-    key = str(variant).replace("-", "_")
+    key = variant_key(variant)
     timed = metrics.get("variants") or {} if isinstance(metrics, dict) else {}
     if key not in timed:
         raise BadInput("the plan record timed no such variant", where=f"--plan-variant {variant}",

@@ -93,12 +93,13 @@ def _sglang_rows(b: Baseline) -> list[dict[str, Any]]:
     """A served run (bench.sglang): one row per prompt set, single stream, the server's setup as its config."""
     info = b.config.get("server_info") or {}
     state = info.get("internal_state") or {}
+    settings = {k: info.get(k, state.get(k)) for k in SGLANG_SETTINGS}
     config = {"backend": "sglang", **{k: b.config.get(k) for k in BENCH_CONFIG},
               **{k: info.get(f"speculative_{k}") for k in ("num_steps", "eagle_topk", "num_draft_tokens")},
               "cuda_graph": not info.get("disable_cuda_graph"), "concurrency": b.config.get("concurrency") or None,
               # the server settings that change its speed: a run with another draft attention backend or scheduler
               # is another setup, not a newer result of the same one
-              **{k: info.get(k, state.get(k)) for k in SGLANG_SETTINGS if info.get(k, state.get(k)) is not None}}
+              **{k: v for k, v in settings.items() if v is not None}}
     shape = "chain" if (info.get("speculative_eagle_topk") or 1) == 1 else "tree"
     rows = []
     for key, node in b.metrics.items():

@@ -94,6 +94,11 @@ def parse_variant(text: str, option: str = "--variant") -> tuple[str, dict]:
     return name, {"extra": extra, "env": env}
 
 
+def variant_key(name: str) -> str:
+    """Where a variant's timings sit in a plan record: ``metrics.variants.KEY`` (NAME with ``-`` as ``_``)."""
+    return str(name).replace("-", "_")
+
+
 def mem_fraction(cfg: PlanConfig) -> float:
     """Each server's share of the whole GPU: the one given, else 0.8 shared among all the servers launched."""
     if cfg.mem_fraction_static is not None:
@@ -285,7 +290,7 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
     for name, (vm, vspread) in timed_variants.items():
         priced(vm, cfg.max_new_tokens, steps)
         vm["cycle_vs_base_x"] = vm["spec_cycle_ms"] / metrics["spec_cycle_ms"]
-        key = name.replace("-", "_")
+        key = variant_key(name)
         metrics.setdefault("variants", {})[key] = vm
         spread.update({f"variants.{key}.{k}": v for k, v in vspread.items()})
     config = {"backend": "sglang", "target": cfg.target, "target_path": target_path, "prompts": cfg.prompts,
