@@ -76,19 +76,26 @@ def test_a_target_page_names_its_drafter_by_the_hash_the_records_store():
         named = set(re.findall(r"\b[0-9a-f]{64}\b", page.read_text()))
         assert named <= stored, f"{page.name}: {sorted(named - stored)} is no drafter hash a baseline stores"
     assert "35af1cca8e51e558253081b6dd88f54770dfabd5c86e6d6c555d97df1afa6abc" in \
-        (DOCS / "targets/qwen2.5-coder-0.5b.md").read_text()
+        (DOCS / "targets/qwen2.5-coder-0.5b.md").read_text()  # r2, never committed: named by its hash
 
 
 def test_the_drafter_table_names_each_drafter_by_the_hash_the_records_store():
-    """``DRAFTERS`` (where a drafter kept outside the repository lives) names it by the content hash the
-    baselines store for it (over config.json + model.safetensors), never by the hash of one of its files."""
+    """``DRAFTERS`` (each embedded target's own drafter): a committed home is a folder git holds; a home kept
+    outside the repository names the content hash the baselines store for it (over config.json +
+    model.safetensors), never the hash of one of its files."""
+    import subprocess
+
     from eaglekb.measure.setup import DRAFTERS
 
     stored = {entry["sha256"] for d in RECORDS.values() for entry in (d["provenance"].get("inputs") or {}).values()
               if entry["role"] == "drafter" and entry.get("sha256")}
-    named = {target: home.sha256 for target, home in DRAFTERS.items() if home.sha256}
-    assert named, "no drafter kept outside the repository names its hash"
-    assert {t: h for t, h in named.items() if h not in stored} == {}
+    tracked = subprocess.run(["git", "ls-files", "--", "drafters"], cwd=DOCS.parent, capture_output=True, text=True,
+                             check=True).stdout.split()
+    for target, home in DRAFTERS.items():
+        if home.committed:
+            assert f"{home.path}/model.safetensors" in tracked and f"{home.path}/config.json" in tracked, target
+        else:
+            assert home.sha256 in stored, f"{target}: {home.sha256} is no drafter hash a baseline stores"
 
 
 def test_hand_typed_figure_is_caught():
@@ -148,15 +155,13 @@ def _ignored(paths: list[str]) -> set[str]:
     return set(proc.stdout.split())
 
 
-def test_every_reproduce_command_names_only_paths_a_clone_has():
+def test_every_reproduce_command_names_only_paths_a_clone_has(checkout_producers):
     import tasks
     from runbooks import _dryrun
 
-    commands = [*(d["provenance"]["command"] for d in RECORDS.values()),
-                *(c for f in FINDINGS.values() for c in f.reproduce),
-                *(s.command for r in knowledge.load_recipes(DOCS).values() for s in r.steps),
-                *_dryrun.documented_commands(DOCS)]
-    producers = _dryrun.Producers(tasks.ns, commands, ROOT)
+    # what every record's command, finding's reproduce command, recipe step and documented command writes
+    # (tests/conftest.py: built once from the same files for tests/test_recorded_commands.py too)
+    producers = checkout_producers
     named: dict[str, list[str]] = {}
     for bid, data in RECORDS.items():
         cmd = data["provenance"].get("reproduce")

@@ -127,16 +127,16 @@ def test_probe_refuses_unsupported_target_with_one_line(tmp_path, no_weights_loa
 
 
 def test_probe_names_how_to_obtain_a_drafter_kept_outside_the_repository(tmp_path, monkeypatch, no_weights_load):
-    from eaglekb.measure.setup import DRAFTERS, default_drafter
+    from eaglekb.measure.setup import DRAFTERS, DrafterHome, default_drafter
 
-    home = DRAFTERS["qwen2.5-coder-0.5b"]
-    assert not home.committed and default_drafter("qwen2.5-coder-0.5b") == home.path
+    # every embedded target's own drafter is committed; a clone has it
+    assert all(h.committed for h in DRAFTERS.values())
+    assert default_drafter("qwen2.5-coder-0.5b") == DRAFTERS["qwen2.5-coder-0.5b"].path == "drafters/qwen2.5-coder-0.5b-r3"
     assert default_drafter("smollm2-135m") == default_drafter("some/folder") == "drafters/smollm2-135m-default"
-    import dataclasses
 
-    # where the drafter is absent (a fresh clone): its home moved to a folder nowhere, whether or not this
-    # checkout has joined the real drafter under .eaglekb/
-    home = dataclasses.replace(home, path=f".eaglekb/drafters/absent-{tmp_path.name}")
+    # a home kept outside the repository (a team's large drafter) and absent here: how to obtain it, by hash
+    home = DrafterHome(f".eaglekb/drafters/absent-{tmp_path.name}", committed=False, sha256="ab" * 32,
+                       obtain="train it as docs/howto/new-target.md shows, or pass --drafter PATH")
     monkeypatch.setitem(DRAFTERS, "qwen2.5-coder-0.5b", home)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("EAGLEKB_ROOT", raising=False)

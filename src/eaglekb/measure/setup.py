@@ -40,17 +40,16 @@ class DrafterHome:
     obtain: str = ""
 
 
-#: The drafter of each embedded target. qwen2.5-coder-0.5b's is not committed: one-layer drafters of a
-#: 151,936-token target take 49-91 MiB in bf16 (8K-32K draft tokens), too large to keep in git
-#: (docs/howto/new-target.md, "Where the drafter lives").
+#: The drafter of each embedded target, committed under drafters/ (a clone has it). A home with
+#: ``committed=False`` is a drafter kept outside the repository: a run that finds it absent says how to obtain
+#: it and which content hash the baselines measured.
 DRAFTERS = {
     "smollm2-135m": DrafterHome(DEFAULT_DRAFTER, committed=True,
                                 obtain="it is committed: restore drafters/smollm2-135m-default from git"),
-    "qwen2.5-coder-0.5b": DrafterHome(
-        ".eaglekb/drafters/qwen2.5-coder-0.5b", committed=False,
-        sha256="35af1cca8e51e558253081b6dd88f54770dfabd5c86e6d6c555d97df1afa6abc",  # probe/h200-qwen05-r2-*
-        obtain="train it as docs/howto/new-target.md shows (datagen, vocab.build, finetune on a GPU; "
-               "66 MB in bf16), or pass --drafter PATH"),
+    "qwen2.5-coder-0.5b": DrafterHome("drafters/qwen2.5-coder-0.5b-r3", committed=True,
+                                      obtain="it is committed: restore drafters/qwen2.5-coder-0.5b-r3 from git"),
+    "qwen2.5-coder-1.5b": DrafterHome("drafters/qwen2.5-coder-1.5b-r1", committed=True,
+                                      obtain="it is committed: restore drafters/qwen2.5-coder-1.5b-r1 from git"),
 }
 
 
