@@ -155,13 +155,15 @@ def _ignored(paths: list[str]) -> set[str]:
     return set(proc.stdout.split())
 
 
-def test_every_reproduce_command_names_only_paths_a_clone_has(checkout_producers):
+def test_every_reproduce_command_names_only_paths_a_clone_has():
     import tasks
     from runbooks import _dryrun
 
-    # what every record's command, finding's reproduce command, recipe step and documented command writes
-    # (tests/conftest.py: built once from the same files for tests/test_recorded_commands.py too)
-    producers = checkout_producers
+    commands = [*(d["provenance"]["command"] for d in RECORDS.values()),
+                *(c for f in FINDINGS.values() for c in f.reproduce),
+                *(s.command for r in knowledge.load_recipes(DOCS).values() for s in r.steps),
+                *_dryrun.documented_commands(DOCS)]
+    producers = _dryrun.Producers(tasks.ns, commands, ROOT)
     named: dict[str, list[str]] = {}
     for bid, data in RECORDS.items():
         cmd = data["provenance"].get("reproduce")
