@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from eaglekb.data.prompts import set_keys
 from eaglekb.formats.drafter import read_config
 from eaglekb.io.errors import BadInput, Incompatible
+from eaglekb.io.files import process_alive
 from eaglekb.measure import viability
 from eaglekb.measure.sglang import bench as sglang_bench, plan
+from eaglekb.measure.sglang.server import stop_launched
 from helpers.sglang_stub import serve
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -159,3 +164,11 @@ def test_variants_launch_beside_the_pair_and_are_timed_against_one_plain_server(
     for bad in ("nothing", "x=", "Upper=--flag"):
         with pytest.raises(BadInput):
             plan.parse_variant(bad)
+
+
+def test_a_server_the_plan_stops_is_reaped():
+    """plan.sglang stops the servers it launched and waits for them: no zombie left, no warning at exit."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    stop_launched({"pid": proc.pid, "_proc": proc})
+    assert proc.returncode is not None
+    assert not process_alive(proc.pid)

@@ -31,7 +31,7 @@ from eaglekb.measure import viability
 from eaglekb.formats.drafter import read_config
 from eaglekb.measure.sglang.bench import Run, SGLangBenchConfig, _sglang_method, check_servers, passes, server_split
 from eaglekb.measure.sglang.config import LaunchConfig
-from eaglekb.measure.sglang.server import fraction_for_share, free_fraction, launch, stop_pid, summarize_info, wait_ready
+from eaglekb.measure.sglang.server import fraction_for_share, free_fraction, launch, stop_launched, summarize_info, wait_ready
 from eaglekb.models import sources
 from eaglekb.models.drafter import build_drafter_for_target, save_drafter
 from eaglekb.models.server import SGLangClient
@@ -160,12 +160,12 @@ def _launch_all(cfg: PlanConfig, target_path: str, drafter: str) -> list[dict]:
                 if i < 2:
                     ready.append(d)
                     raise
-                stop_pid(d["pid"])  # a variant whose settings this SGLang refuses is reported, the others timed
+                stop_launched(d)  # a variant whose settings this SGLang refuses is reported, the others timed
                 ready.append(dict(d, failed=str(exc), mem_fraction_static=c.mem_fraction_static))
         return ready
     except BaseException:
         for d in ready:
-            stop_pid(d["pid"])
+            stop_launched(d)
         raise
 
 
@@ -284,7 +284,7 @@ def run(cfg: PlanConfig, *, progress: bool = True) -> dict:
             timed_variants[name] = (vm, vspread)
     finally:
         for d in launched:
-            stop_pid(d["pid"])
+            stop_launched(d)
     steps = int(sc["steps"])
     priced(metrics, cfg.max_new_tokens, steps)
     for name, (vm, vspread) in timed_variants.items():

@@ -270,6 +270,15 @@ def stop_pid(pid: int, *, grace_s: float = 30.0) -> bool:
     return True
 
 
+def stop_launched(doc: dict) -> None:
+    """Stop a server this process launched (``launch``) and reap it: no zombie, no warning at exit."""
+    stop_pid(doc["pid"])
+    proc = doc.get("_proc")
+    if proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            proc.wait(timeout=5)
+
+
 def stop(port: int, *, state_dir: Path = STATE_DIR) -> dict:
     """Stop the server our launch recorded for ``port``; its state file removed. Signals only the process
     whose pid, start time and command line all match the state file (one line and nothing touched else)."""
