@@ -31,10 +31,11 @@ RECIPES = knowledge.load_recipes(ROOT / "docs")
 
 
 @pytest.fixture(scope="module")
-def producers():
-    commands = [*BASELINES.values(), *(c for f in FINDINGS.values() for c in f.reproduce),
-                *(s.command for r in RECIPES.values() for s in r.steps), *_dryrun.documented_commands(ROOT / "docs")]
-    return _dryrun.Producers(tasks.ns, commands, ROOT)
+def producers(checkout_producers):
+    """What the baselines' recorded commands, the findings' reproduce commands, the recipes' steps and the documented
+    commands write, and what git tracks (the session fixture of tests/conftest.py: tests/kb/test_one_truth.py
+    reads the same)."""
+    return checkout_producers
 
 
 def _check(command, producers):

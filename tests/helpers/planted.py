@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import background
 from helpers.site import build_copy, copy_site
 
 SCRIPT = "<script>alert('xss')</script>"
@@ -82,11 +83,21 @@ class Planted:
     huge: Path  # baselines/plan/huge.json
 
 
-def planted_build(tmp_path_factory: pytest.TempPathFactory) -> Planted:
-    """A copy without the notebook, with F99 and the hostile and huge baselines, built strict once."""
+def planted_job(tmp_path_factory: pytest.TempPathFactory):
+    """A copy without the notebook, with F99 and the hostile and huge baselines, built strict: as a function to
+    run now or in the background (tests/conftest.py starts it when the run begins)."""
     base = tmp_path_factory.mktemp("planted")
-    root = without_notebook(copy_site(base / "repo"))
-    finding = add_finding(root)
-    bad, big = plant(root, "hostile", hostile), plant(root, "huge", huge)
-    site = base / "site"
-    return Planted(root, site, build_copy(root, site), finding, bad, big)
+
+    def build() -> Planted:
+        root = without_notebook(copy_site(base / "repo"))
+        finding = add_finding(root)
+        bad, big = plant(root, "hostile", hostile), plant(root, "huge", huge)
+        site = base / "site"
+        return Planted(root, site, build_copy(root, site), finding, bad, big)
+
+    return build
+
+
+def planted_build(tmp_path_factory: pytest.TempPathFactory) -> Planted:
+    """The planted copy built once: the background job "planted" when the run started one, else built now."""
+    return background.take("planted", lambda: planted_job(tmp_path_factory)())

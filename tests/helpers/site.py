@@ -1,7 +1,8 @@
 """Shared by the site tests: build the site once per test session, serve a folder on 127.0.0.1.
 
 ``built_site`` caches its result for the whole session; the ``site`` fixture (tests/conftest.py)
-hands it to every module that asks.
+hands it to every module that asks. The build itself starts when the run begins and runs beside the
+other tests (``site_job``, helpers/background.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Iterator
 
 import pytest
 
+from helpers import background
+
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -30,17 +33,29 @@ _BUILT: dict[str, Path] = {}
 
 
 def build_env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONUNBUFFERED": "1", **extra}
+    """The environment of a build (in a background job: the one the run began with, helpers/background.py)."""
+    return {**background.environ(), "NO_MKDOCS_2_WARNING": "1", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def site_job(tmp_path_factory: pytest.TempPathFactory):
+    """The strict build of this checkout into a new session temp folder, as a function to run now or in the
+    background (tests/conftest.py starts it when the run begins); it returns the site folder."""
+    out = tmp_path_factory.mktemp("site")
+
+    def build() -> Path:
+        proc = build_copy(ROOT, out, timeout=600)
+        assert proc.returncode == 0, "strict site build failed:\n" + (proc.stderr + proc.stdout)[-3000:]
+        return out
+
+    return build
 
 
 def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`mkdocs build --strict` of this checkout into a session temp folder, once per session (its plots
-    drawn as in any build and kept for the builds of copies: ``_PLOT_MEMO_CLI``)."""
+    drawn as in any build and kept for the builds of copies: ``_PLOT_MEMO_CLI``): the background job "site"
+    when the run started one, else built now."""
     if "site" not in _BUILT:
-        out = tmp_path_factory.mktemp("site")
-        proc = build_copy(ROOT, out, timeout=300)
-        assert proc.returncode == 0, "strict site build failed:\n" + (proc.stderr + proc.stdout)[-3000:]
-        _BUILT["site"] = out
+        _BUILT["site"] = background.take("site", lambda: site_job(tmp_path_factory)())
     return _BUILT["site"]
 
 
@@ -59,7 +74,12 @@ def copy_site(dst: Path) -> Path:
 #: (the module its hooks import: same path, put first as they do) are wrapped: a plot is drawn by the real
 #: function the first time and read back as those bytes afterwards, keyed by the function, its arguments
 #: (each baseline's whole JSON) and the copy's library source. A baseline a test plants or edits is a new
-#: key, so it is drawn. Everything else is the unchanged `mkdocs build`; its output is the same bytes.
+#: key, so it is drawn.
+#: The llmstxt plugin's Markdown of each page (``_generate_page_markdown``: half of what is left of a build, and
+#: the same for most pages of every copy) is memoised the same way, keyed by everything it reads: the page's
+#: HTML, its options with the output path taken relative to the site folder (the only argument that differs
+#: between copies; the project's preprocess hook ignores it) and the preprocess module's source. A page a test
+#: changes is a new key. Everything else is the unchanged `mkdocs build`; its output is the same bytes.
 _PLOT_MEMO_CLI = r"""
 import functools, hashlib, json, os, sys
 from pathlib import Path
@@ -96,28 +116,55 @@ def _memo(fn):
 for name in ("series_svg", "viability_svg", "overlay_svg"):
     setattr(render, name, _memo(getattr(render, name)))
 
+try:
+    from mkdocs_llmstxt._internal import plugin as _llms
+except ImportError:  # another version of the plugin: its pages are converted as in any build
+    _llms = None
+if _llms is not None and hasattr(_llms, "_generate_page_markdown"):
+    _site = Path(sys.argv[sys.argv.index("-d") + 1]).resolve()
+    _convert = _llms._generate_page_markdown
+
+    @functools.wraps(_convert)
+    def _converted(html, **kw):
+        pre = kw.get("preprocess")
+        pre_src = Path(pre).read_text(encoding="utf-8") if pre and Path(pre).is_file() else None
+        args = sorted(dict(kw, path=os.path.relpath(kw["path"], _site)).items())
+        key = json.dumps(["llmstxt", html, args, pre_src])
+        path = cache / (hashlib.sha256(key.encode()).hexdigest() + ".md")
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        md = _convert(html, **kw)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(md, encoding="utf-8")
+        os.replace(tmp, path)
+        return md
+
+    _llms._generate_page_markdown = _converted
+
 from mkdocs.__main__ import cli
 
 cli(prog_name="mkdocs")
 """
 _PLOT_CACHE: list[Path] = []
+_PLOT_CACHE_LOCK = threading.Lock()
 
 
 def _plot_cache() -> Path:
-    """One folder of memoised plots per test session (removed at exit)."""
-    if not _PLOT_CACHE:
-        folder = Path(tempfile.mkdtemp(prefix="eaglekb-test-plots-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        _PLOT_CACHE.append(folder)
+    """One folder of memoised plots and llmstxt pages per test session (removed at exit)."""
+    with _PLOT_CACHE_LOCK:  # a background build and a test may ask first at the same time
+        if not _PLOT_CACHE:
+            folder = Path(tempfile.mkdtemp(prefix="eaglekb-test-plots-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            _PLOT_CACHE.append(folder)
     return _PLOT_CACHE[0]
 
 
 def build_copy(root: Path, site: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     """`mkdocs build --strict` of ROOT (the checkout, or a copy made by ``copy_site``: its own EAGLEKB_ROOT)
-    into SITE, its plots memoised for the session (``_PLOT_MEMO_CLI``: the same output, drawn once per
-    session)."""
-    return subprocess.run([sys.executable, "-c", _PLOT_MEMO_CLI, "build", "--strict", "-d", str(site)],
-                          cwd=root, capture_output=True, text=True,
+    into SITE, its plots and llmstxt pages memoised for the session (``_PLOT_MEMO_CLI``: the same output, made
+    once per session). Run through ``background.run``: the run's end stops a build still running in the background."""
+    return background.run([sys.executable, "-c", _PLOT_MEMO_CLI, "build", "--strict", "-d", str(site)],
+                          cwd=root,
                           env=build_env(EAGLEKB_ROOT=str(root), EAGLEKB_TEST_PLOT_CACHE=str(_plot_cache())),
                           timeout=timeout)
 

@@ -155,15 +155,13 @@ def _ignored(paths: list[str]) -> set[str]:
     return set(proc.stdout.split())
 
 
-def test_every_reproduce_command_names_only_paths_a_clone_has():
+def test_every_reproduce_command_names_only_paths_a_clone_has(checkout_producers):
     import tasks
     from runbooks import _dryrun
 
-    commands = [*(d["provenance"]["command"] for d in RECORDS.values()),
-                *(c for f in FINDINGS.values() for c in f.reproduce),
-                *(s.command for r in knowledge.load_recipes(DOCS).values() for s in r.steps),
-                *_dryrun.documented_commands(DOCS)]
-    producers = _dryrun.Producers(tasks.ns, commands, ROOT)
+    # what every record's command, finding's reproduce command, recipe step and documented command writes
+    # (tests/conftest.py: built once from the same files for tests/test_recorded_commands.py too)
+    producers = checkout_producers
     named: dict[str, list[str]] = {}
     for bid, data in RECORDS.items():
         cmd = data["provenance"].get("reproduce")

@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+from helpers import background
 from helpers.site import (CHROMIUM, CHROMIUM_ARGS, ROOT, browser_skip_reason, check_metrics_table, git_env, serve,
                           working_tree_repo)
 
@@ -228,33 +229,45 @@ def _version_label(locator) -> tuple[str, str]:
         " [...e.querySelectorAll('.md-version__alias')].map(a => a.textContent.trim()).join(' ')]"))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _mike_deploy(request, tmp_path_factory):
-    """Start `invoke docs.deploy 0.1` (alias latest, the default) in a throwaway repo holding this
-    working tree as soon as the module starts, so its build runs alongside the main build and the
-    page tests. (One version: each deploy is a full build, and the selector is the same code for
-    one entry or many.)"""
-    if not any(item.name in ("test_version_selector_works_offline", "test_every_page_of_the_published_version_loads_clean",
-                             "test_killing_serve_versions_leaves_no_mike_serve") for item in request.session.items):
-        yield None
-        return
-    repo = working_tree_repo(tmp_path_factory.mktemp("repo"))
-    log = repo.parent / "deploy.log"
-    with open(log, "w") as out:
-        # `invoke docs.deploy VERSION`: alias latest and the site root redirecting to it are the defaults.
-        proc = subprocess.Popen([sys.executable, "-m", "invoke", "docs.deploy", "0.1", "--json"], cwd=repo, env=git_env(EAGLEKB_ROOT=str(repo)),
-                                stdout=out, stderr=subprocess.STDOUT, text=True)
-    yield repo, proc, log
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+_MIKE_TESTS = ("test_version_selector_works_offline", "test_every_page_of_the_published_version_loads_clean",
+               "test_killing_serve_versions_leaves_no_mike_serve")
+
+
+def _deploy_job(tmp_path_factory):
+    """`invoke docs.deploy 0.1` (alias latest, the default) in a throwaway repo holding this working tree, as a
+    function to run now or in the background; it returns (repo, exit code, log). (One version: each deploy is a
+    full build, and the selector is the same code for one entry or many.)"""
+    folder = tmp_path_factory.mktemp("repo")
+
+    def deploy():
+        repo = working_tree_repo(folder)
+        log = repo.parent / "deploy.log"
+        with open(log, "w") as out:
+            # `invoke docs.deploy VERSION`: alias latest and the site root redirecting to it are the defaults.
+            proc = background.run([sys.executable, "-m", "invoke", "docs.deploy", "0.1", "--json"], cwd=repo,
+                                  env=git_env(EAGLEKB_ROOT=str(repo)), stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=600)
+        return repo, proc.returncode, log
+
+    return deploy
+
+
+def background_job(item):
+    """The deploy the mike tests read, to start when the run begins (tests/conftest.py), so that its build runs
+    beside the tests before them."""
+    return ("mike-deploy", _deploy_job) if item.name in _MIKE_TESTS else None
+
+
+@pytest.fixture(scope="module")
+def _mike_deploy(tmp_path_factory):
+    """(repo, exit code, deploy log) of the deploy: the background job started with the run, or deployed now."""
+    return background.take("mike-deploy", lambda: _deploy_job(tmp_path_factory)())
 
 
 @pytest.fixture(scope="module")
 def versioned_url(_mike_deploy, tmp_path_factory):
     """The gh-pages tree of that deploy, served as a static site."""
-    repo, proc, log = _mike_deploy
-    rc = proc.wait(timeout=300)
+    repo, rc, log = _mike_deploy
     output = log.read_text()
     assert rc == 0, output[-2000:]
     doc = json.loads(output.strip().splitlines()[-1])

@@ -12,6 +12,7 @@ import pytest
 from eaglekb.io.errors import BadInput, IntegrityError, MissingFile
 from eaglekb.kb import baselines
 from eaglekb.studies import story
+from helpers import background
 
 ROOT = Path(__file__).resolve().parents[2]
 ARMS = ["a-scratch", "b-noremap", "b-remap", "b-scratch"]
@@ -22,13 +23,30 @@ def _invoke(*args, cwd=ROOT):
                           cwd=cwd)
 
 
+def _tiny_run_job(tmp_path_factory):
+    """`invoke story.run --tiny` into a new temp folder, as a function to run now or in the background; it returns
+    the output folder."""
+    base = tmp_path_factory.mktemp("story")
+
+    def run():
+        out, work = base / "out", base / "work"  # the export test reads work as tiny_run.parent / "work"
+        proc = background.run([sys.executable, "-m", "invoke", "story.run", "--tiny", "--threads", "1", "--work",
+                               str(work), "--out", str(out)], cwd=ROOT, timeout=300)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return out
+
+    return run
+
+
+def background_job(item):
+    """The tiny story run, started when the test run begins (tests/conftest.py): a child process that needs
+    nothing of this one, so it runs beside the tests before this module's."""
+    return ("story-tiny", _tiny_run_job) if "tiny_run" in item.fixturenames else None
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    base = tmp_path_factory.mktemp("story")
-    out, work = base / "out", base / "work"  # the export test reads work as tiny_run.parent / "work"
-    proc = _invoke("story.run", "--tiny", "--threads", "1", "--work", str(work), "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return background.take("story-tiny", lambda: _tiny_run_job(tmp_path_factory)())
 
 
 def test_tiny_story_runs_every_arm_at_equal_budgets(tiny_run):

@@ -72,12 +72,27 @@ def test_chunked_loss_equals_full_logits(soft, chunk):
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_compiled_unroll_equals_eager(monkeypatch):
+@pytest.fixture(scope="module")
+def compiled():
+    """One model whose unroll is compiled by ``aot_eager`` (traced graphs run without code generation: the same
+    graphs inductor compiles), counted: (model, counter). A compile is most of a test's time, and the three tests
+    below ask the same model different questions; each zeroes the gradients before its backward, and the counter
+    says how many graphs were compiled in all (one: the first call's, whatever ran since)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ttt, "COMPILE_BACKEND", counter)
+        model = _model(4096)
+        model.compile_unroll()
+    return model, counter
+
+
+def test_compiled_unroll_equals_eager(compiled):
     """torch.compile of the unroll (traced graphs run by ``aot_eager``: the same graphs inductor compiles)."""
-    monkeypatch.setattr(ttt, "COMPILE_BACKEND", "aot_eager")
     ref_loss, ref_stats, ref_grads = _run(_model(4096), _batch(True))
-    model = _model(4096)
-    model.compile_unroll()
+    model, _ = compiled
+    model.zero_grad(set_to_none=True)
     loss, stats, grads = _run(model, _batch(True))
     assert model.compiled and model.compile_error is None
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
@@ -186,14 +201,10 @@ def test_cuda_levers_train_like_the_reference(data, tmp_path):
             assert fast["history"]["train_loss"][step] == pytest.approx(loss, rel=tol)
 
 
-def test_one_compile_serves_every_batch_length(monkeypatch):
+def test_one_compile_serves_every_batch_length(compiled):
     """The sequence length is dynamic from the first compile: batches of other lengths compile nothing more."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(ttt, "COMPILE_BACKEND", counter)
-    model = _model(4096)
-    model.compile_unroll()
+    model, counter = compiled
+    model.zero_grad(set_to_none=True)
     for t in (14, 9, 23):
         batch = {k: v[:, :t].contiguous() if v.dim() > 1 and v.shape[1] == 14 else v for k, v in _batch(True).items()}
         if t > 14:  # longer than the fixture: pad every per-position tensor to t
@@ -204,14 +215,10 @@ def test_one_compile_serves_every_batch_length(monkeypatch):
     assert counter.frame_count == 1
 
 
-def test_validation_runs_the_eager_unroll_and_compiles_nothing(monkeypatch):
+def test_validation_runs_the_eager_unroll_and_compiles_nothing(compiled):
     """Without gradients (validation) the unroll runs eager: a graph without autograd would be a second compile."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(ttt, "COMPILE_BACKEND", counter)
-    model = _model(4096)
-    model.compile_unroll()
+    model, counter = compiled
+    model.zero_grad(set_to_none=True)
     batch = _batch(True)
     _run(model, batch)
     with torch.no_grad():
