@@ -209,7 +209,7 @@ def wait_ready(doc: dict, *, timeout_s: float = 600.0, progress: bool = True, in
             break
         waited = time.perf_counter() - t0
         if waited > timeout_s:
-            stop_pid(doc["pid"])
+            stop_launched(doc)
             _forget(doc)
             raise Unavailable("SGLang server not healthy in time (stopped)", where=doc["log"],
                               expected=f"/health 200 within {timeout_s:.0f} s",
