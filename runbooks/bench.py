@@ -73,6 +73,8 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
                  "off",
         "profile": "CUDA: kernels per decode, verify and draft step (count, time by kind, top kernels)",
         "cpu_step_threads": "CPU: threads for the engine's decode, draft and verify steps (default 1; 0 = torch's)",
+        "cpu_packed": "CPU: target steps on packed weight copies (oneDNN): auto (timed per row count at engine start, "
+                      "copies only within half the memory available), on, off",
         "json": "print one JSON document as the last line",
         "record": "write baselines/bench/NAME.json",
         "compare": "compare with baselines/bench/NAME.json (default: the recorded run with the same config)",
@@ -81,7 +83,8 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
 def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prompts=4, max_new_tokens=128,
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
-          compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1, shape_from=None):
+          compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1, shape_from=None,
+          cpu_packed="auto"):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -95,6 +98,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             ("graphs", not cuda and graphs in ("on", "both"), "--device cuda (CUDA graphs need a GPU)"),
             ("profile", not cuda or graphs == "off", "--device cuda with CUDA graphs (it profiles the graphed steps)"),
             ("cpu_step_threads", cuda, "--device cpu (the CPU engine's step threads)"),
+            ("cpu_packed", cuda, "--device cpu (packed weight copies for the CPU engine's steps)"),
         ], locals())
         shape = shape_from_record(shape_from, locals(), also=("sweep",), prompts=prompts,
                                   drafter=drafter or default_drafter(target), device=device)
@@ -109,7 +113,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             repeats=parse_int(repeats, "--repeats"), warmup=parse_int(warmup, "--warmup"), device=device, dtype=dtype,
             graphs=graphs, peers=[p.strip() for p in str(peers).split(",") if p.strip()],
             compile=str(compile), fused=str(fused), profile=bool(profile),
-            cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"),
+            cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"), cpu_packed=str(cpu_packed),
         )
         with _sweep_blamed(bool(sweep)):
             report = lib.run(cfg, progress=not json)

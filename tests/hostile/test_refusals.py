@@ -36,6 +36,7 @@ BAD = [
     (["bench", "--profile"], "--profile", NO_EFFECT),
     (["bench", "--device=cuda", "--graphs=off", "--profile"], "--profile", NO_EFFECT),
     (["bench", "--device=cuda", "--cpu-step-threads=4"], "--cpu-step-threads", NO_EFFECT),
+    (["bench", "--device=cuda", "--cpu-packed=off"], "--cpu-packed", NO_EFFECT),
     # a sweep and the single-point options beside it; a bad sweep is blamed on --sweep
     (["bench", "--steps=5", "--sweep=3,1"], "--steps", NO_EFFECT),
     (["bench", "--topk=4", "--sweep=3,1"], "--topk", NO_EFFECT),
@@ -74,6 +75,7 @@ BAD = [
     (["finetune", "--data=in", "--max-len=3"], "--max-len", "out of range"),
     (["finetune", "--data=in", "--batching=sorted"], "--batching", "not an accepted value"),
     (["bench", "--fused=always"], "--fused", "not an accepted value"),
+    (["bench", "--cpu-packed=fast"], "--cpu-packed", "not an accepted value"),
     (["docs.deploy", "0.1", "--alias-type=hard"], "--alias-type", ""),
 ]
 

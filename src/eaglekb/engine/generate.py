@@ -27,6 +27,7 @@ from typing import Iterator
 import torch
 
 from eaglekb.engine import verify as V
+from eaglekb.engine.cpu_packed import setup as cpu_packed_setup, target_step as cpu_packed_step
 from eaglekb.engine.cuda_graphs import Graphed
 from eaglekb.engine.loop import DecodeLoop
 from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
@@ -98,13 +99,18 @@ class GenResult:
 
 
 class Engine:
-    """A target (and optionally a drafter) with static caches sized ``max_len``."""
+    """A target (and optionally a drafter) with static caches sized ``max_len``.
+
+    ``cpu_packed`` (CPU only): ``auto`` times the target step on packed weight copies per row count and keeps
+    them where faster, within a memory guard; ``on`` packs every row count; ``off`` none
+    (``eaglekb.engine.cpu_packed``). ``progress``: a bar while that timing runs (a few seconds on a real model)."""
 
     GRAPHED_EXTEND = 16  # drafter extends up to this many positions run through Graphed (CUDA graphs)
 
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
                  graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0,
-                 step_threads: int | None = CPU_STEP_THREADS, fused: bool | None = None):
+                 step_threads: int | None = CPU_STEP_THREADS, fused: bool | None = None, cpu_packed: str = "auto",
+                 progress: bool = False):
         self.target, self.drafter = target, drafter
         self.step_threads = step_threads
         self.device = target.device
@@ -136,12 +142,19 @@ class Engine:
         self._target_step = Graphed(lambda ids, pos, slots, mask: target(ids, pos, slots, mask, self.tkv, compiled=c),
                                     enabled=self.graphs)
         self._loop = DecodeLoop(self) if self.graphs else None
-        # CPU: the faster product for a step's few rows, timed on this model's own matrices (once per process)
-        self.cpu_products = None
+        # CPU: the faster product for a step's few rows, timed on this model's own matrices (once per process),
+        # then, per row count, packed weight copies where the whole target step runs faster on them
+        self.cpu_products, self.cpu_packed = None, None
         if self.device.type == "cpu":
             with self._steps():
                 self.cpu_products = calibrate_cpu_products(
                     [target.layers[0].wgu, target.layers[0].down, target.layers[0].wqkv, target.lm_head])
+                self.cpu_packed = cpu_packed_setup(target, cpu_packed, cpu_packed_step(self), compiled=self.compiled,
+                                                   progress=progress)
+            self.cpu_products = dict(self.cpu_products, **{str(r): "packed" for r in self.cpu_packed.rows})
+        elif cpu_packed != "auto":
+            raise BadInput("packed weight copies are for the CPU engine", where="--cpu-packed",
+                           expected=f"auto with --device {self.device.type}", found=repr(cpu_packed))
         if drafter is not None:
             self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv,
                                                                                  compiled=c),

@@ -155,6 +155,7 @@ class TargetModel:
         self.max_len = max_len
         self.cos, self.sin = rope_tables(rope_theta(cfg), self.head_dim, max_len, self.device)
         self._compiled = None
+        self.packs = None  # CPU: packed copies of the matrices (eaglekb.models.packed.PackSet), set by an Engine
 
     def compile(self) -> None:
         """Compile one decoder layer with inductor for the fixed-shape steps (idempotent)."""

@@ -70,6 +70,7 @@ class BenchConfig:
     fused: str = "auto"  # greedy chains and trees as one draft and one verify program per cycle: auto (on with graphs)
     profile: bool = False  # CUDA: kernels per decode / verify / draft step (torch.profiler)
     cpu_step_threads: int = 1  # CPU: threads for the engine's decode / draft / verify steps (0: torch's setting)
+    cpu_packed: str = "auto"  # CPU: target steps on packed weight copies: auto (timed per row count), on, off
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
@@ -186,7 +187,7 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
                        found=f"{cfg.repeats}/{cfg.warmup}")
     if cfg.cpu_step_threads < 0:
         raise BadInput("thread count must be >= 0", where="--cpu-step-threads", found=str(cfg.cpu_step_threads))
-    for option, mode in (("compile", cfg.compile), ("fused", cfg.fused)):
+    for option, mode in (("compile", cfg.compile), ("fused", cfg.fused), ("cpu-packed", cfg.cpu_packed)):
         if mode not in ("auto", "on", "off"):
             raise BadInput(f"unknown {option} mode", where=f"--{option}", expected="auto, on or off", found=repr(mode))
     specs = cfg.specs()
@@ -327,14 +328,18 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
     nodes = max((s.nodes for s in specs), default=0)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, nodes + 4, limit=loaded.target.max_len)
+    started = wall(cfg.device)
     engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_flag(cfg.compile),
-                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_flag(cfg.fused))
+                    seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_flag(cfg.fused),
+                    cpu_packed=cfg.cpu_packed, progress=progress)
+    start_s = wall(cfg.device) - started  # engine start: caches, CPU product timing, packed copies
     for p in prompts:
         engine.check_fits(len(p), cfg.max_new_tokens, nodes)
     failures: dict[str, str] = {}
     methods = _methods(cfg, loaded, {"main": engine}, specs, failures)
     _warm_up(cfg, methods, prompts[0], failures)
     metrics, spread = _metrics(*_timed_passes(cfg, methods, prompts, progress), specs)
+    metrics["engine"]["start_s"] = start_s
     config = asdict(cfg)
     if compare_graphs:
         metrics["graphs"] = eager_vs_graphed(loaded, prompts[0], specs[0] if specs else None, max_len, cfg)
@@ -354,10 +359,21 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     config["fused_tree_main"] = engine.fused
     config["cpu_step_threads"] = engine.step_threads if engine.device.type == "cpu" else None
     config["cpu_products"] = engine.cpu_products  # the product timed fastest per row count on this CPU
+    config.update(packed_config(engine))
     config["torch_threads"] = torch.get_num_threads()
     config["max_len"] = max_len
     return BenchReport(config=config, prompts_manifest=pset.manifest, metrics=metrics, spread=spread,
                        failures=failures, summary=_summary(metrics, specs))
+
+
+def packed_config(engine: Engine) -> dict:
+    """The packed product on a CPU engine as recorded: the row counts packed, the copies' memory, why, and the
+    target step times behind an ``auto`` choice (``eaglekb.engine.cpu_packed``)."""
+    p = engine.cpu_packed
+    if p is None:
+        return {"cpu_packed_rows": None, "cpu_packed_mib": None}
+    return {"cpu_packed_rows": p.rows, "cpu_packed_mib": p.mib, "cpu_packed_why": p.why,
+            "cpu_packed_step_ms": p.step_ms}
 
 
 def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len: int, cfg: BenchConfig) -> dict:
@@ -414,6 +430,11 @@ def render_text(r: BenchReport) -> str:
                      f"{p['wall_ms']:.3f} ms wall per replay ({kinds})")
         for top in r.config.get("profile_top_kernels", {}).get(step, [])[:5]:
             lines.append(f"      {top}")
+    c = r.config
+    if c.get("cpu_packed_rows") is not None:
+        lines.append(f"  engine start {r.metrics['engine']['start_s']:.1f} s; packed products ({c['cpu_packed']}): "
+                     f"rows {c['cpu_packed_rows'] or 'none'}, {c['cpu_packed_mib']:.0f} MiB of copies "
+                     f"({c['cpu_packed_why']})")
     for k, v in r.failures.items():
         lines.append(f"  {k}: not measured ({v})")
     best = r.config.get("best")

@@ -5,7 +5,8 @@ frequencies repeated twice; computed in float32 for the drafter, in the
 activation dtype for the target, as transformers does), RMSNorm in float32 with
 the weight applied in the input dtype, the SwiGLU MLP, scaled-dot-product
 attention over a boolean mask with grouped-query heads, and the linear map the engine
-runs (``linear``: on the CPU, a few rows through the faster of two equal products).
+runs (``linear``: on the CPU, a few rows through the fastest of three equal products: ``F.linear``, the
+transposed product, or oneDNN's over a packed copy of the matrix, ``eaglekb.models.packed``).
 
 Used by the drafter module (``eaglekb.models.drafter``), the TTT trainer
 (``eaglekb.training``) and the engine (``eaglekb.engine``). Plain functions over
@@ -19,6 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from eaglekb.io.errors import Incompatible
+from eaglekb.models.packed import packed_for, packed_linear
 
 
 def rope_theta(config) -> float:
@@ -130,11 +132,17 @@ def calibrate_cpu_products(weights: list[torch.Tensor], *, repeats: int = 3, mar
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``; for 1-7 rows on the CPU, where ``calibrate_cpu_products`` found it faster (the
+    """``F.linear(x, w, b)``; on the CPU, over ``w``'s packed copy where its model runs this row count packed
+    (``eaglekb.models.packed``), else for 1-7 rows, where ``calibrate_cpu_products`` found it faster (the
     default before any calibration), the same product as ``(w @ x.T).T`` (one row as two identical columns, the
     first kept)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if x.device.type != "cpu" or not _TRANSPOSED.get(rows, False):
+    if x.device.type != "cpu":
+        return F.linear(x, w, b)
+    copy = packed_for(w, rows)
+    if copy is not None:
+        return packed_linear(x, copy, b)
+    if not _TRANSPOSED.get(rows, False):
         return F.linear(x, w, b)
     cols = x.reshape(rows, x.shape[-1])
     if rows == 1:

@@ -1,0 +1,130 @@
+"""Packed copies of a model's weight matrices for few-row products on the CPU.
+
+Owns: one model's packed copies (``PackSet``: each matrix reordered once into oneDNN's blocked layout,
+``torch.ops.mkldnn._reorder_linear_weight``) and the row counts that run on them, the lookup ``linear`` makes
+(``packed_for``: a copy for this matrix and this row count, or None), the product over a copy
+(``packed_linear``, ``torch.ops.mkldnn._linear_pointwise``: the same numbers as ``F.linear`` within float32
+rounding), their size, and the memory the machine has available (``available_mib``, ``fits``).
+
+Why: on a CPU the BLAS behind ``F.linear`` re-reads a matrix in its row-major layout at every call and takes a
+slow path for a handful of rows; oneDNN's matmul over a copy already in its blocked layout streams the weights at
+close to the one-row rate for 2 to 16 rows (docs/reference/engine.md, "Few rows on the CPU"). The copies live
+beside the originals (which ``F.linear`` keeps running where it is faster, and which the model owns), so memory
+grows by the matrices packed; ``fits`` keeps ``auto`` within ``PACK_MEMORY_SHARE`` of the memory available.
+
+Knows nothing about engines, steps or timing: which row counts run packed is the engine's choice
+(``eaglekb.engine.cpu_packed``), made by timing its own target step.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+#: ``auto`` makes no copies that would take more than this share of the memory available when they are made.
+PACK_MEMORY_SHARE = 0.5
+#: The dtypes packed: float32 (measured and tested); other dtypes keep ``linear``'s products.
+PACK_DTYPES = (torch.float32,)
+
+# id(weight) -> (a weak reference to the weight, its packed copy, the PackSet that owns it). Keyed by id and
+# checked by identity, so a lookup costs a dict access; an entry goes when its weight or its PackSet goes.
+_COPIES: dict[int, tuple[weakref.ref, torch.Tensor, "PackSet"]] = {}
+
+
+def supported() -> bool:
+    """Whether this torch build has oneDNN's packed linear (CPU builds with mkldnn)."""
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def packable(w: torch.Tensor) -> bool:
+    """A CPU matrix of a packed dtype."""
+    return w.device.type == "cpu" and w.dim() == 2 and w.dtype in PACK_DTYPES
+
+
+def copies_mib(weights: list[torch.Tensor]) -> float:
+    """Memory the packed copies of ``weights`` take, in MiB (oneDNN's blocked layout pads nothing for these
+    shapes: the process grew by this much, within 2%, when 30 layers of smollm2-135m were packed)."""
+    return sum(w.numel() * w.element_size() for w in weights if packable(w)) / 2**20
+
+
+def available_mib() -> float | None:
+    """Memory available for new allocations now (``MemAvailable`` of /proc/meminfo, else free pages), in MiB;
+    None where neither can be read."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fits(mib: float, available: float | None, share: float = PACK_MEMORY_SHARE) -> bool:
+    """Whether copies of ``mib`` stay within ``share`` of ``available`` MiB (unknown memory: no)."""
+    return available is not None and mib <= share * available
+
+
+class PackSet:
+    """One model's packed copies and the row counts (``rows``) that run on them; ``release`` drops them."""
+
+    def __init__(self, weights: list[torch.Tensor]):
+        self.rows: set[int] = set()
+        self.mib = 0.0
+        self._ids: list[int] = []
+        seen = set()
+        for w in weights:
+            if not packable(w) or id(w) in seen:
+                continue
+            seen.add(id(w))
+            release(_COPIES.get(id(w), (None, None, None))[2])  # a weight is in one set at a time
+            copy = torch.ops.mkldnn._reorder_linear_weight(w.detach())
+            _COPIES[id(w)] = (weakref.ref(w, _forget(id(w))), copy, self)
+            self._ids.append(id(w))
+            self.mib += w.numel() * w.element_size() / 2**20
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def release(self) -> None:
+        """Drop the copies (their memory goes back) and run no row count packed."""
+        for key in self._ids:
+            entry = _COPIES.get(key)
+            if entry is not None and entry[2] is self:
+                del _COPIES[key]
+        self._ids, self.rows, self.mib = [], set(), 0.0
+
+
+def release(packs: PackSet | None) -> None:
+    if packs is not None:
+        packs.release()
+
+
+def _forget(key: int):
+    def gone(ref) -> None:
+        entry = _COPIES.get(key)
+        if entry is not None and entry[0] is ref:
+            del _COPIES[key]
+    return gone
+
+
+def packed_for(w: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """``w``'s packed copy where ``rows`` rows run packed for it; else None (and always while compiling: the
+    compiled steps keep ``F.linear``)."""
+    if not _COPIES or torch.compiler.is_compiling():
+        return None
+    entry = _COPIES.get(id(w))
+    if entry is None or entry[0]() is not w or rows not in entry[2].rows:
+        return None
+    return entry[1]
+
+
+def packed_linear(x: torch.Tensor, copy: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)`` over ``w``'s packed copy (oneDNN's matmul); ``x`` of any leading shape."""
+    return torch.ops.mkldnn._linear_pointwise(x, copy, b, "none", [], "")
+
