@@ -17,7 +17,8 @@ The sources are registered in ``eaglekb.data.corpora.SOURCES`` as plain corpora
 is the training split, ``split="eval"`` the held-out split (the 1 in ``corpora.HOLDOUT_BUCKETS`` of
 prompts whose text hashes into the held-out bucket; deterministic, disjoint from training), and the
 manifest carries source, package, version, count and sha256. ``eaglekb.data.prompts`` offers the
-held-out split to probe and bench as ``NAME-heldout``.
+held-out split to probe and bench as ``NAME-heldout``, and an evaluation-only source (all of it held out, refused
+as training data) by its name, ``mtbench``.
 
 Deduplicated across all sources: a prompt whose normalised text equals another prompt of the same
 source, or any prompt or message of a source registered before it (every split and variant of wiki,
@@ -31,12 +32,11 @@ class and, lazily, the registry (``SOURCES`` in order, ``load``, ``normalise``).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterable, Union
-
-import json
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -45,7 +45,7 @@ from eaglekb.io.errors import SchemaError
 #: (corpora.SOURCES: every registered source in order, corpora.load, corpora.normalise), asked for when read.
 Registry = Callable[[], tuple[dict[str, Any], Callable[..., Any], Callable[[str], str]]]
 #: One reader row: (key, one user turn) or (key, alternating user / assistant turns ending on a user turn).
-Row = tuple[str, Union[str, tuple[str, ...]]]
+Row = tuple[str, str | tuple[str, ...]]
 
 
 @dataclass(frozen=True)
