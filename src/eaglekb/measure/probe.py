@@ -281,10 +281,10 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     if cfg.drafter is None:
         raise BadInput("no drafter", where="--drafter", expected="a drafter folder", found="none")
     spec = cfg.spec()  # validates steps/topk/draft tokens before loading anything
+    pset = eval_prompts(cfg.prompts, cfg.num_prompts)  # a bad prompt set is refused before the model loads
     with still_working(f"loading {cfg.target} and the drafter", enabled=progress):
         loaded = runsetup.load(cfg.target, cfg.drafter, reference=cfg.reference_drafter, device=cfg.device,
                                dtype=cfg.dtype)
-    pset = eval_prompts(cfg.prompts, cfg.num_prompts)
     prompts = runsetup.encode(loaded.tokenizer, pset, max_prompt_tokens=cfg.max_prompt_tokens)
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, spec.draft_tokens, limit=loaded.target.max_len)
     graphs = cfg.graphs and cfg.device.startswith("cuda")
