@@ -53,7 +53,7 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
     help={
         "target": "target model: embedded name (smollm2-135m), folder or repo id",
         "drafter": "drafter folder; default: the target's own (drafters/smollm2-135m-default, drafters/qwen2.5-coder-0.5b-r3, drafters/qwen2.5-coder-1.5b-r1)",
-        "prompts": "gsm8k-eval, humaneval, builtin, or a prompts file",
+        "prompts": "gsm8k-eval, humaneval, mtbench, builtin, CORPUS-heldout, or a prompts file",
         "num_prompts": "how many prompts (default 4)",
         "max_new_tokens": "tokens per prompt, end-of-sequence ignored (default 128)",
         "steps": f"draft steps (one sweep point; see --sweep; at most {MAX_DRAFT_STEPS})",
@@ -153,7 +153,7 @@ def _plan_record(name: str, variant: str | None = None) -> dict:
     help={
         "url": "a running SGLang server (python -m sglang.launch_server ..., or invoke sglang.launch)",
         "plain_url": "a plain server of the same model beside a speculative --url: both timed in the same run",
-        "prompts": "comma list of gsm8k-eval, humaneval, builtin or prompts files (default gsm8k-eval)",
+        "prompts": "comma list of gsm8k-eval, humaneval, mtbench, builtin, CORPUS-heldout or prompts files (default gsm8k-eval)",
         "num_prompts": "prompts per set (default 4)",
         "max_new_tokens": "tokens per request, end-of-sequence ignored (default 128)",
         "repeats": "timed passes (default 3)",

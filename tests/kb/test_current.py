@@ -32,9 +32,9 @@ def _probe(root, name, drafter, created, accept, topk=1, superseded_by=None):
                     command=f"invoke probe --record {name}").model_copy(update={"superseded_by": superseded_by})
 
 
-def _bench(root, name, drafter, created, engine):
+def _bench(root, name, drafter, created, engine, **settings):
     config = {"target": "smollm2-135m", "drafter": f"drafters/{drafter}", "prompts": "gsm8k-eval", "device": "cpu",
-              "dtype": "float32", "num_prompts": 4, "max_new_tokens": 128}
+              "dtype": "float32", "num_prompts": 4, "max_new_tokens": 128, **settings}
     metrics = {"engine": {"median_tok_s": engine},
                "spec_s3_k1_n4": {"median_tok_s": 25.0, "vs_engine_x": 1.4, "accept_len": 2.3},
                "spec_s4_k4_n16": {"median_tok_s": 22.0, "vs_engine_x": 1.2, "accept_len": 3.3}}
@@ -74,6 +74,21 @@ def test_plain_decoding_is_one_setup_whatever_the_drafter(root):
     assert pages.stale("bench/bench-r2", "spec_s3_k1_n4.median_tok_s", baselines, rows, sup) is None
     assert pages.stale("bench/bench-r4", "engine.median_tok_s", baselines, rows, sup) is None
     assert "engine 757.3 tok/s" in cv.table(rows)
+
+
+def test_cpu_packed_on_and_off_are_two_setups_and_older_records_keep_their_key(root):
+    auto = _bench(root, "auto", "a", "2026-01-01T00:00:00Z", 19.0, cpu_packed="auto")
+    off = _bench(root, "off", "a", "2026-01-01T01:00:00Z", 23.0, cpu_packed="off")
+    later = _bench(root, "auto-again", "a", "2026-01-02T00:00:00Z", 20.0, cpu_packed="auto")
+    older = _bench(root, "older", "a", "2025-12-01T00:00:00Z", 21.0)
+    baselines = {b.id: b for b in (auto, off, later, older)}
+    rows = cv.view(baselines)
+    chains = {r["baseline"]: r for r in rows if r["shape"] == "chain"}
+    assert set(chains) == {"bench/off", "bench/auto-again", "bench/older"}  # the off run does not supersede auto
+    assert chains["bench/auto-again"]["replaces"] == ["bench/auto"]
+    assert "cpu_packed" not in chains["bench/older"]["config"]  # a record without the setting keeps its old key
+    sup = cv.superseded(baselines, rows)
+    assert sup.get("bench/auto") == "bench/auto-again" and "bench/off" not in sup
 
 
 @pytest.mark.parametrize("text, figures", [

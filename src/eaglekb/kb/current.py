@@ -25,6 +25,8 @@ KINDS = ("probe", "bench")
 #: Config fields that belong to a probe's setup (beyond target, drafter, prompts and machine).
 PROBE_CONFIG = ("dtype", "steps", "topk", "draft_tokens", "temperature", "num_prompts", "max_new_tokens")
 BENCH_CONFIG = ("dtype", "num_prompts", "max_new_tokens")
+#: Engine settings that change a bench run's speed, keyed only where a record has them (older records lack them).
+BENCH_SETTINGS = ("cpu_packed",)
 PLAIN_METRICS = ("engine.median_tok_s", "hf_static_compile.median_tok_s", "hf_generate.median_tok_s")
 
 
@@ -115,6 +117,9 @@ def _bench_rows(b: Baseline) -> list[dict[str, Any]]:
         return _sglang_rows(b)
     flat = _flat(b)
     config = {k: b.config.get(k) for k in BENCH_CONFIG}
+    for k in BENCH_SETTINGS:  # a run with the CPU's packed products on or off is another setup, not a newer result
+        if b.config.get(k) is not None:
+            config[k] = b.config[k]
     rows = []
     plain = {k: flat[k] for k in PLAIN_METRICS if k in flat}
     if plain:
