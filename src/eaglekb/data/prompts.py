@@ -313,11 +313,11 @@ def eval_prompts(spec: str, num: int | None = None) -> PromptSet:
         s.prompts = s.prompts[:num] if num else s.prompts
         s.manifest["count"] = len(s.prompts)
         return s
-    if spec in corpora.EVAL_SETS or (spec in corpora.SOURCES and corpora.SOURCES[spec].eval_only):
+    sets = dict.fromkeys([*corpora.EVAL_SETS, *(n for n, src in corpora.SOURCES.items() if src.eval_only)])
+    if spec in sets:
         return _enough(corpora.load(spec, split="eval", limit=num), num, spec)
     if spec.endswith("-heldout") and spec[: -len("-heldout")] in corpora.TRAINING_CORPORA:
         return _enough(corpora.load(spec[: -len("-heldout")], split="eval", limit=num), num, spec)
-    sets = dict.fromkeys([*corpora.EVAL_SETS, *(n for n, src in corpora.SOURCES.items() if src.eval_only)])
     raise BadInput("unknown prompt set", where="--prompts",
                    expected="builtin, " + ", ".join(sets) + ", CORPUS-heldout (a training corpus's "
                    "held-out split, e.g. chatterbot-heldout) or a prompts file", found=repr(spec))

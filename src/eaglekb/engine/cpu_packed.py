@@ -95,7 +95,7 @@ def target_step(engine) -> Callable[[int], None]:
     return step
 
 
-def _refusal(mode: str, target, compiled: bool) -> str | None:
+def _refusal(target, compiled: bool) -> str | None:
     """Why this target cannot run packed (None: it can)."""
     if not packed.supported():
         return "this torch build has no oneDNN (mkldnn) packed linear"
@@ -123,7 +123,7 @@ def setup(target, mode: str, step: Callable[[int], None], *, compiled: bool = Fa
     if mode == "off":
         return PackedChoice(mode, why="off: every product through F.linear or the transposed product")
     weights = target_weights(target)
-    cannot = _refusal(mode, target, compiled)
+    cannot = _refusal(target, compiled)
     mib, free = packed.copies_mib(weights), available()
     if mode == "on":
         if cannot:
@@ -161,8 +161,9 @@ def _timed(target, packs, step, *, clock, repeats: int, progress: bool) -> dict[
 
     threads = torch.get_num_threads()
     known = _TIMED.setdefault(target, {})
-    if threads not in known:
+    if threads in known:
+        packs.rows = faster(known[threads])
+    else:  # choose sets packs.rows
         with tqdm(total=len(PACK_ROWS), desc="timing packed products", disable=not progress, leave=False) as bar:
             known[threads] = choose(step, packs, clock=clock, repeats=repeats, bar=bar)
-    packs.rows = faster(known[threads])
     return known[threads]

@@ -75,18 +75,13 @@ class PackSet:
 
     def __init__(self, weights: list[torch.Tensor]):
         self.rows: set[int] = set()
-        self.mib = 0.0
-        self._ids: list[int] = []
-        seen = set()
-        for w in weights:
-            if not packable(w) or id(w) in seen:
-                continue
-            seen.add(id(w))
+        kept = list({id(w): w for w in weights if packable(w)}.values())  # each matrix once, in order
+        for w in kept:
             release(_COPIES.get(id(w), (None, None, None))[2])  # a weight is in one set at a time
             copy = torch.ops.mkldnn._reorder_linear_weight(w.detach())
             _COPIES[id(w)] = (weakref.ref(w, _forget(id(w))), copy, self)
-            self._ids.append(id(w))
-            self.mib += w.numel() * w.element_size() / 2**20
+        self._ids: list[int] = [id(w) for w in kept]
+        self.mib = copies_mib(kept)
 
     def __len__(self) -> int:
         return len(self._ids)
