@@ -71,7 +71,7 @@ class BenchConfig:
     profile: bool = False  # CUDA: kernels per decode / verify / draft step (torch.profiler)
     cpu_step_threads: int = 1  # CPU: threads for the engine's decode / draft / verify steps (0: torch's setting)
     cpu_packed: str = "auto"  # CPU: target steps on packed weight copies: auto (timed per row count), on, off
-    cpu_draft_fp16: str = "auto"  # CPU: drafter products on float16 copies of the matrices it holds exactly: auto, on, off
+    cpu_draft_fp16: str = "auto"  # CPU: drafter products on float16 copies of matrices it holds exactly: auto/on/off
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]

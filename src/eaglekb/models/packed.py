@@ -135,7 +135,8 @@ def packed_linear(x: torch.Tensor, copy: torch.Tensor, b: torch.Tensor | None = 
 
 def half_supported() -> bool:
     """Whether this torch build has FBGEMM's float16-weight linear (x86 CPU builds)."""
-    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_prepack_fp16")
+    engines = torch.backends.quantized.supported_engines
+    return "fbgemm" in engines and hasattr(torch.ops.quantized, "linear_prepack_fp16")
 
 
 def half_scale(w: torch.Tensor) -> int | None:
