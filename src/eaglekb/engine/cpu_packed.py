@@ -10,6 +10,12 @@ guard, ``eaglekb.models.packed.PACK_MEMORY_SHARE``).
 The copies belong to the target (``TargetModel.packs``): engines built over one target share them, and the last
 engine built sets them. Times are kept per target and thread count, so a second engine does not time again.
 
+Also the drafter's half-width copies (``draft_setup``, ``DraftHalves``): each drafter matrix that float16 holds
+exactly after a power-of-two scale (a bfloat16 checkpoint's, read into float32) runs through FBGEMM's
+float16-weight product (``eaglekb.models.packed.HalfSet``): float32 arithmetic over half the bytes, so a draft step,
+which streams the drafter's weights for a row or two, reads half as much. ``auto`` and ``on`` make them; ``off``
+none. The copies belong to the drafter (``DraftModel.halves``), set by the last engine built over it.
+
 Knows nothing about prompts, baselines or the task runner.
 """
 
@@ -28,6 +34,7 @@ from eaglekb.models import packed
 from eaglekb.models.layers import CALIBRATE_MIN_NUMEL
 
 MODES = ("auto", "on", "off")
+DRAFT_MATRICES = ("fc", "wqkv", "wo", "wgu", "down", "lm_head")
 #: Row counts a CPU target step runs, up to a 16-token tree: the ones timed and, with ``on``, packed.
 PACK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 #: Packed is kept for a row count only when its step is faster than the plain one by more than this share.
@@ -167,3 +174,55 @@ def _timed(target, packs, step, *, clock, repeats: int, progress: bool) -> dict[
         with tqdm(total=len(PACK_ROWS), desc="timing packed products", disable=not progress, leave=False) as bar:
             known[threads] = choose(step, packs, clock=clock, repeats=repeats, bar=bar)
     return known[threads]
+
+
+@dataclass
+class DraftHalves:
+    """The drafter's half-width copies on one engine (recorded by the bench)."""
+
+    mode: str  # auto, on or off, as asked
+    matrices: int = 0  # drafter matrices whose products run on half-width copies
+    mib: float = 0.0  # memory the copies take
+    why: str = ""  # one line: why these, or why none
+
+
+def draft_setup(drafter, mode: str, *, compiled: bool = False) -> DraftHalves:
+    """Make ``drafter``'s half-width copies (or not) for ``mode``: ``off`` none (any it had are dropped); ``auto``
+    every matrix float16 holds exactly (none where this build or dtype cannot run them); ``on`` the same, refused in
+    one line where they cannot run or a matrix would not be held exactly."""
+    if mode not in MODES:
+        raise BadInput("unknown drafter half-width mode", where="--cpu-draft-fp16", expected="auto, on or off",
+                       found=repr(mode))
+    packed.release_half(drafter.halves)
+    drafter.halves = None
+    if mode == "off":
+        return DraftHalves(mode, why="off: the drafter's products in float32 over its float32 matrices")
+    cannot = _half_refusal(drafter, compiled)
+    if cannot:
+        if mode == "on":
+            raise BadInput("half-width drafter copies cannot run here", where="--cpu-draft-fp16 on",
+                           expected="auto or off", found=cannot)
+        return DraftHalves(mode, why=cannot)
+    weights = [getattr(drafter, name) for name in DRAFT_MATRICES]
+    halves = packed.HalfSet(weights)
+    if mode == "on" and halves.refused:
+        halves.release()
+        raise BadInput("a drafter matrix has more precision than float16 holds", where="--cpu-draft-fp16 on",
+                       expected="matrices a bfloat16 or float16 checkpoint holds",
+                       found=f"{halves.refused} of {len(weights)} would round", fix="use --cpu-draft-fp16 auto or off")
+    if not halves.kept:
+        return DraftHalves(mode, why="no drafter matrix is held exactly by float16 (float32 weights): none made")
+    drafter.halves = halves
+    return DraftHalves(mode, halves.kept, halves.mib,
+                       f"{halves.kept} of {len(weights)} matrices held exactly by float16 after a power-of-two scale")
+
+
+def _half_refusal(drafter, compiled: bool) -> str | None:
+    """Why this drafter cannot run half-width copies (None: it can)."""
+    if not packed.half_supported():
+        return "this torch build has no FBGEMM float16-weight linear"
+    if drafter.dtype not in packed.PACK_DTYPES:
+        return f"half-width copies are for a float32 drafter, this one is {str(drafter.dtype).replace('torch.', '')}"
+    if compiled:
+        return "the compiled drafter layer keeps F.linear (half-width copies run in eager steps)"
+    return None

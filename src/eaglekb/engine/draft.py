@@ -55,11 +55,12 @@ def check_compatible(drafter, target: TargetModel) -> None:
 
 def draft_layer(ids, hidden, positions, slots, mask, k_cache, v_cache, fc, embed, inv, ln_in, ln_hidden, wqkv, wo,
                 ln_post, wgu, wdown, norm, lm_head, n_heads: int, n_kv: int, head_dim: int,
-                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                eps: float, logits_at: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's one layer at inference (see the module docstring for the contract).
 
     ``ids [B,T]``, ``hidden [B,T,3H_target]`` (fc applied) or ``[B,T,H]`` (the drafter's
     own output); returns draft-vocab logits ``[B,T,Vd]`` and the output hidden ``[B,T,H]``.
+    ``logits_at``: the logits of that row only, ``[B,1,Vd]`` (a cycle's extend needs its last real row's alone).
     """
     if hidden.shape[-1] != wo.shape[0]:
         hidden = linear(hidden, fc)
@@ -75,7 +76,8 @@ def draft_layer(ids, hidden, positions, slots, mask, k_cache, v_cache, fc, embed
     att = attend(q, k_cache[:, :, :width], v_cache[:, :, :width], mask)
     h = hidden + linear(att.transpose(1, 2).reshape(b, t, -1), wo)
     out = h + swiglu_fused(rms_norm(h, ln_post, eps), wgu, wdown)
-    return linear(rms_norm(out, norm, eps), lm_head), out
+    rows = out if logits_at is None else out[:, logits_at:logits_at + 1 or None]
+    return linear(rms_norm(rows, norm, eps), lm_head), out
 
 
 class DraftModel:
@@ -114,6 +116,7 @@ class DraftModel:
         self.dtype, self.device = dtype, dev
         self.inv_freq = inv_freq(cfg.rope_theta, self.head_dim, dev)
         self._compiled = None
+        self.halves = None  # CPU: half-width copies of the matrices (eaglekb.models.packed.HalfSet), set by an Engine
 
     def compile(self) -> None:
         """Compile the drafter layer with inductor for the fixed-shape steps (idempotent)."""
@@ -133,16 +136,18 @@ class DraftModel:
 
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                mask: torch.Tensor, kv: StaticKV, *, compiled: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                mask: torch.Tensor, kv: StaticKV, *, compiled: bool = False,
+                logits_at: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One drafter pass: ``ids [B,T]`` (target ids), ``hidden [B,T,3H_target or H]``.
 
-        Returns draft-vocab logits ``[B,T,Vd]`` and the output hidden ``[B,T,H]`` that
-        feeds the next step.
+        Returns draft-vocab logits ``[B,T,Vd]`` (``[B,1,Vd]``: row ``logits_at``'s alone) and the output hidden
+        ``[B,T,H]`` that feeds the next step.
         """
         fn = self._compiled if compiled and self._compiled is not None else draft_layer
-        return fn(ids, hidden.to(self.dtype), positions, slots, mask, kv.k[0], kv.v[0], self.fc, self.embed_weight,
-                  self.inv_freq, self.ln_in, self.ln_hidden, self.wqkv, self.wo, self.ln_post, self.wgu, self.down,
-                  self.norm, self.lm_head, self.n_heads, self.n_kv, self.head_dim, self.eps)
+        args = (ids, hidden.to(self.dtype), positions, slots, mask, kv.k[0], kv.v[0], self.fc, self.embed_weight,
+                self.inv_freq, self.ln_in, self.ln_hidden, self.wqkv, self.wo, self.ln_post, self.wgu, self.down,
+                self.norm, self.lm_head, self.n_heads, self.n_kv, self.head_dim, self.eps)
+        return fn(*args) if logits_at is None else fn(*args, logits_at)
 
     __call__ = forward
 

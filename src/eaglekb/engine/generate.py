@@ -27,7 +27,8 @@ from typing import Iterator
 import torch
 
 from eaglekb.engine import verify as V
-from eaglekb.engine.cpu_packed import setup as cpu_packed_setup, target_step as cpu_packed_step
+from eaglekb.engine.cpu_packed import draft_setup as cpu_draft_setup, setup as cpu_packed_setup, \
+    target_step as cpu_packed_step
 from eaglekb.engine.cuda_graphs import Graphed
 from eaglekb.engine.loop import DecodeLoop
 from eaglekb.engine.draft import DraftModel, Drafting, DraftTree
@@ -103,14 +104,16 @@ class Engine:
 
     ``cpu_packed`` (CPU only): ``auto`` times the target step on packed weight copies per row count and keeps
     them where faster, within a memory guard; ``on`` packs every row count; ``off`` none
-    (``eaglekb.engine.cpu_packed``). ``progress``: a bar while that timing runs (a few seconds on a real model)."""
+    (``eaglekb.engine.cpu_packed``). ``cpu_draft_fp16`` (CPU only): ``auto`` and ``on`` run the drafter's products
+    on half-width copies of the matrices float16 holds exactly (``on`` refuses where one would round), ``off``
+    in float32 over the float32 matrices. ``progress``: a bar while that timing runs (a few seconds on a real model)."""
 
     GRAPHED_EXTEND = 16  # drafter extends up to this many positions run through Graphed (CUDA graphs)
 
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
                  graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0,
                  step_threads: int | None = CPU_STEP_THREADS, fused: bool | None = None, cpu_packed: str = "auto",
-                 progress: bool = False):
+                 cpu_draft_fp16: str = "auto", progress: bool = False):
         self.target, self.drafter = target, drafter
         self.step_threads = step_threads
         self.device = target.device
@@ -144,17 +147,21 @@ class Engine:
         self._loop = DecodeLoop(self) if self.graphs else None
         # CPU: the faster product for a step's few rows, timed on this model's own matrices (once per process),
         # then, per row count, packed weight copies where the whole target step runs faster on them
-        self.cpu_products, self.cpu_packed = None, None
+        self.cpu_products, self.cpu_packed, self.cpu_draft = None, None, None
         if self.device.type == "cpu":
+            if drafter is not None:
+                self.cpu_draft = cpu_draft_setup(drafter, cpu_draft_fp16, compiled=self.compiled)
             with self._steps():
                 self.cpu_products = calibrate_cpu_products(
                     [target.layers[0].wgu, target.layers[0].down, target.layers[0].wqkv, target.lm_head])
                 self.cpu_packed = cpu_packed_setup(target, cpu_packed, cpu_packed_step(self), compiled=self.compiled,
                                                    progress=progress)
             self.cpu_products = dict(self.cpu_products, **{str(r): "packed" for r in self.cpu_packed.rows})
-        elif cpu_packed != "auto":
-            raise BadInput("packed weight copies are for the CPU engine", where="--cpu-packed",
-                           expected=f"auto with --device {self.device.type}", found=repr(cpu_packed))
+        else:
+            for flag, mode in (("--cpu-packed", cpu_packed), ("--cpu-draft-fp16", cpu_draft_fp16)):
+                if mode != "auto":
+                    raise BadInput("packed weight copies are for the CPU engine", where=flag,
+                                   expected=f"auto with --device {self.device.type}", found=repr(mode))
         if drafter is not None:
             self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv,
                                                                                  compiled=c),
@@ -259,9 +266,12 @@ class Engine:
                                  torch.tensor([pos], device=dev), mask)
 
     def draft_extend(self, tokens: list[int], aux: torch.Tensor, start: int):
-        """Drafter over verified positions ``start..start+n-1``: aux[j] with token j+1 (``tokens``)."""
+        """Drafter over verified positions ``start..start+n-1``: aux[j] with token j+1 (``tokens``); returns logits
+        ``[1,n,Vd]`` and hidden ``[1,n,H]``. On the CPU the logits are the last row's alone, ``[1,1,Vd]``: all a cycle
+        drafts from, and the rest of a prompt's would cost a product over the whole draft vocab per row."""
         dev = self.device
         n = len(tokens)
+        cpu = dev.type == "cpu"
         if n <= self.GRAPHED_EXTEND:  # cycle extends (accepted + bonus): few shapes, graphable
             rows = self.pad_rows(max(n, 2) if self.graphs else n)  # padding rows after the real ones; drafting
             # overwrites their slots before any step reads them
@@ -270,12 +280,18 @@ class Engine:
             ids = torch.tensor([tokens + tokens[-1:] * (rows - n)], device=dev)
             if rows > n:
                 aux = torch.cat([aux, aux[-1:].expand(rows - n, -1)])
-            logits, hidden = self._draft_step(ids, aux.view(1, rows, -1), ar, ar, causal_rows(start, rows, width, dev))
+            mask = causal_rows(start, rows, width, dev)
+            if cpu:  # no graphs: the drafter itself, the last real row's logits alone
+                logits, hidden = self.drafter(ids, aux.view(1, rows, -1), ar, ar, mask, self.dkv,
+                                              compiled=self.compiled, logits_at=n - 1)
+                return logits, hidden[:, :n]
+            logits, hidden = self._draft_step(ids, aux.view(1, rows, -1), ar, ar, mask)
             return logits[:, :n], hidden[:, :n]
         ar = torch.arange(start, start + n, device=dev)
         mask = causal_rows(start, n, mask_width(start + n, self.dkv.max_len, static=self.graphs, device=dev), dev)
         ids = torch.tensor([tokens], device=dev)
-        return self.drafter(ids, aux.view(1, n, -1), ar, ar, mask, self.dkv)  # the prompt: eager
+        # the prompt: eager
+        return self.drafter(ids, aux.view(1, n, -1), ar, ar, mask, self.dkv, logits_at=n - 1 if cpu else None)
 
     def draft(self, root_logits, root_hidden, m: int, cfg: SpecConfig) -> DraftTree:
         if cfg.topk == 1:

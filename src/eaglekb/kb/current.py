@@ -26,7 +26,7 @@ KINDS = ("probe", "bench")
 PROBE_CONFIG = ("dtype", "steps", "topk", "draft_tokens", "temperature", "num_prompts", "max_new_tokens")
 BENCH_CONFIG = ("dtype", "num_prompts", "max_new_tokens")
 #: Engine settings that change a bench run's speed, keyed only where a record has them (older records lack them).
-BENCH_SETTINGS = ("cpu_packed",)
+BENCH_SETTINGS = ("cpu_packed", "cpu_draft_fp16")
 PLAIN_METRICS = ("engine.median_tok_s", "hf_static_compile.median_tok_s", "hf_generate.median_tok_s")
 
 
@@ -117,7 +117,7 @@ def _bench_rows(b: Baseline) -> list[dict[str, Any]]:
         return _sglang_rows(b)
     flat = _flat(b)
     config = {k: b.config.get(k) for k in BENCH_CONFIG}
-    for k in BENCH_SETTINGS:  # a run with the CPU's packed products on or off is another setup, not a newer result
+    for k in BENCH_SETTINGS:  # a run with the CPU's packed or half-width products on or off is another setup
         if b.config.get(k) is not None:
             config[k] = b.config[k]
     rows = []

@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from eaglekb.io.errors import Incompatible
-from eaglekb.models.packed import packed_for, packed_linear
+from eaglekb.models.packed import half_for, half_linear, packed_for, packed_linear
 
 
 def rope_theta(config) -> float:
@@ -132,13 +132,16 @@ def calibrate_cpu_products(weights: list[torch.Tensor], *, repeats: int = 3, mar
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``; on the CPU, over ``w``'s packed copy where its model runs this row count packed
-    (``eaglekb.models.packed``), else for 1-7 rows, where ``calibrate_cpu_products`` found it faster (the
-    default before any calibration), the same product as ``(w @ x.T).T`` (one row as two identical columns, the
-    first kept)."""
+    """``F.linear(x, w, b)``; on the CPU, over ``w``'s half-width copy where its model holds one, or its packed
+    copy where its model runs this row count packed (``eaglekb.models.packed``), else for 1-7 rows, where
+    ``calibrate_cpu_products`` found it faster (the default before any calibration), the same product as
+    ``(w @ x.T).T`` (one row as two identical columns, the first kept)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu":
         return F.linear(x, w, b)
+    half = half_for(w)
+    if half is not None:
+        return half_linear(x, half, b)
     copy = packed_for(w, rows)
     if copy is not None:
         return packed_linear(x, copy, b)

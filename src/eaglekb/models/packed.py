@@ -4,7 +4,11 @@ Owns: one model's packed copies (``PackSet``: each matrix reordered once into on
 ``torch.ops.mkldnn._reorder_linear_weight``) and the row counts that run on them, the lookup ``linear`` makes
 (``packed_for``: a copy for this matrix and this row count, or None), the product over a copy
 (``packed_linear``, ``torch.ops.mkldnn._linear_pointwise``: the same numbers as ``F.linear`` within float32
-rounding), their size, and the memory the machine has available (``available_mib``, ``fits``).
+rounding), their size, and the memory the machine has available (``available_mib``, ``fits``). Also a model's
+half-width copies (``HalfSet``): each matrix that float16 holds exactly after a power-of-two scale (a bfloat16
+checkpoint's weights, read into float32) stored once in FBGEMM's packed float16 layout
+(``torch.ops.quantized.linear_prepack_fp16``), multiplied by ``half_linear`` in float32 (FBGEMM widens each weight
+to float32 and accumulates in float32: the same numbers as ``F.linear`` within float32 rounding, over half the bytes).
 
 Why: on a CPU the BLAS behind ``F.linear`` re-reads a matrix in its row-major layout at every call and takes a
 slow path for a handful of rows; oneDNN's matmul over a copy already in its blocked layout streams the weights at
@@ -18,6 +22,7 @@ Knows nothing about engines, steps or timing: which row counts run packed is the
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 
@@ -31,6 +36,9 @@ PACK_DTYPES = (torch.float32,)
 # id(weight) -> (a weak reference to the weight, its packed copy, the PackSet that owns it). Keyed by id and
 # checked by identity, so a lookup costs a dict access; an entry goes when its weight or its PackSet goes.
 _COPIES: dict[int, tuple[weakref.ref, torch.Tensor, "PackSet"]] = {}
+# id(weight) -> (a weak reference to the weight, its FBGEMM float16 parameters, the power of two they were scaled
+# by, the HalfSet that owns them): the half-width copies, looked up like ``_COPIES``
+_HALVES: dict[int, tuple[weakref.ref, object, float, "HalfSet"]] = {}
 
 
 def supported() -> bool:
@@ -100,11 +108,11 @@ def release(packs: PackSet | None) -> None:
         packs.release()
 
 
-def _forget(key: int):
+def _forget(key: int, registry: dict = _COPIES):
     def gone(ref) -> None:
-        entry = _COPIES.get(key)
+        entry = registry.get(key)
         if entry is not None and entry[0] is ref:
-            del _COPIES[key]
+            del registry[key]
     return gone
 
 
@@ -123,3 +131,81 @@ def packed_linear(x: torch.Tensor, copy: torch.Tensor, b: torch.Tensor | None = 
     """``F.linear(x, w, b)`` over ``w``'s packed copy (oneDNN's matmul); ``x`` of any leading shape."""
     return torch.ops.mkldnn._linear_pointwise(x, copy, b, "none", [], "")
 
+
+
+def half_supported() -> bool:
+    """Whether this torch build has FBGEMM's float16-weight linear (x86 CPU builds)."""
+    engines = torch.backends.quantized.supported_engines
+    return "fbgemm" in engines and hasattr(torch.ops.quantized, "linear_prepack_fp16")
+
+
+def half_scale(w: torch.Tensor) -> int | None:
+    """The power of two ``s`` such that float16 holds every value of ``w * 2**s`` exactly (its largest magnitude
+    brought into [2**14, 2**15)); None where there is none (a float32 matrix with more bits than float16 keeps, a
+    range wider than float16's, a non-finite value) or ``w`` is not a CPU float32 matrix."""
+    if not packable(w) or not w.numel():
+        return None
+    top = float(w.abs().max())
+    if not math.isfinite(top):
+        return None
+    s = 15 - math.frexp(top)[1] if top else 0
+    scaled = w.detach() * 2.0 ** s  # exact: a power of two
+    return s if torch.equal(scaled.half().float(), scaled) else None
+
+
+class HalfSet:
+    """One model's half-width copies: the matrices of ``weights`` that float16 holds exactly after a power-of-two
+    scale (``half_scale``); ``kept`` and ``refused`` count them. ``release`` drops the copies."""
+
+    def __init__(self, weights: list[torch.Tensor]):
+        self._ids: list[int] = []
+        self.refused = 0
+        mib = 0.0
+        for w in {id(w): w for w in weights}.values():  # each matrix once
+            s = half_scale(w)
+            if s is None:
+                self.refused += 1
+                continue
+            release_half(_HALVES.get(id(w), (None, None, None, None))[3])  # a weight is in one set at a time
+            params = torch.ops.quantized.linear_prepack_fp16(w.detach() * 2.0 ** s, None)
+            _HALVES[id(w)] = (weakref.ref(w, _forget(id(w), _HALVES)), params, 2.0 ** -s, self)
+            self._ids.append(id(w))
+            mib += w.numel() * 2 / 2**20
+        self.mib = mib
+
+    @property
+    def kept(self) -> int:
+        return len(self._ids)
+
+    def release(self) -> None:
+        """Drop the copies (``linear`` goes back to the float32 matrices)."""
+        for key in self._ids:
+            entry = _HALVES.get(key)
+            if entry is not None and entry[3] is self:
+                del _HALVES[key]
+        self._ids, self.mib = [], 0.0
+
+
+def release_half(halves: HalfSet | None) -> None:
+    if halves is not None:
+        halves.release()
+
+
+def half_for(w: torch.Tensor):
+    """``w``'s half-width copy (parameters, output scale) where its model holds one; else None (and always while
+    compiling)."""
+    if not _HALVES or torch.compiler.is_compiling():
+        return None
+    entry = _HALVES.get(id(w))
+    if entry is None or entry[0]() is not w:
+        return None
+    return entry[1], entry[2]
+
+
+def half_linear(x: torch.Tensor, half, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)`` over ``w``'s half-width copy (``half_for``): float32 in, float32 out."""
+    params, scale = half
+    y = torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), params)
+    if scale != 1.0:
+        y.mul_(scale)  # exact: a power of two
+    return y if b is None else y + b
