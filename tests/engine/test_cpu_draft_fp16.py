@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from helpers.models import VOCAB, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
+from helpers.models import VOCAB, bf16_exact, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config
 
 from eaglekb.engine import cpu_packed
 from eaglekb.engine.draft import DraftModel
@@ -23,15 +23,6 @@ from eaglekb.models.layers import linear
 from eaglekb.models.target import default_capture_points
 
 pytestmark = pytest.mark.skipif(not packed.half_supported(), reason="this torch build has no FBGEMM float16 linear")
-
-
-def bf16_exact(module):
-    """The module with every float weight rounded to bfloat16 values (what a bfloat16 checkpoint loads as)."""
-    with torch.no_grad():
-        for p in module.parameters():
-            if p.is_floating_point():
-                p.copy_(p.bfloat16().float())
-    return module
 
 
 def build(kind="llama", max_len=96, exact=True):
@@ -71,7 +62,7 @@ def test_half_linear_is_the_float32_product(rows):
     b = torch.randn(96, generator=g)
     halves = packed.HalfSet([w])
     try:
-        assert halves.kept == 1 and packed.half_for(w) is not None
+        assert halves.kept == 1 and packed.half_for(w, 1) is not None
         for x in (torch.randn(rows, 40, generator=g) * 3, torch.randn(1, rows, 40, generator=g) * 3):
             ref = F.linear(x.double(), w.double())
             for bias in (None, b):
@@ -82,7 +73,7 @@ def test_half_linear_is_the_float32_product(rows):
             assert err < (F.linear(x.half().double(), w.double()) - ref).abs().max() / 100
     finally:
         halves.release()
-    assert packed.half_for(w) is None
+    assert packed.half_for(w, 1) is None
 
 
 def test_copies_are_counted_refused_and_freed():
@@ -92,7 +83,7 @@ def test_copies_are_counted_refused_and_freed():
     w, r = torch.randn(64, 32, generator=g).bfloat16().float(), torch.randn(64, 32, generator=g)
     halves = packed.HalfSet([w, w, r])
     assert (halves.kept, halves.refused) == (1, 1) and halves.mib == pytest.approx(64 * 32 * 2 / 2**20)
-    assert packed.half_for(w) is not None and packed.half_for(r) is None
+    assert packed.half_for(w, 1) is not None and packed.half_for(r, 1) is None
     again = packed.HalfSet([w])  # a weight is in one set at a time
     assert halves.kept == 0 and again.kept == 1
     del w
@@ -107,9 +98,9 @@ def test_the_modes_rules_and_one_line_refusals():
     tm, dm = build()
     eng = Engine(tm, dm)
     assert eng.cpu_draft.mode == "auto" and eng.cpu_draft.matrices == 6 and dm.halves is not None
-    assert eng.cpu_draft.mib > 0 and packed.half_for(dm.lm_head) is not None
+    assert eng.cpu_draft.mib > 0 and packed.half_for(dm.lm_head, 1) is not None
     eng = Engine(tm, dm, cpu_draft_fp16="off")
-    assert eng.cpu_draft.matrices == 0 and dm.halves is None and packed.half_for(dm.lm_head) is None
+    assert eng.cpu_draft.matrices == 0 and dm.halves is None and packed.half_for(dm.lm_head, 1) is None
     Engine(tm, dm, cpu_draft_fp16="on")
     assert dm.halves.kept == 6
     _, raw = build(exact=False)

@@ -98,11 +98,12 @@ def test_choose_keeps_packed_only_beyond_the_margin():
     clock, packs = VirtualClock(), packed.PackSet([])
     cost = {1: (0.040, 0.050), 2: (0.040, 0.038), 4: (0.070, 0.040), 16: (0.130, 0.070)}
     calls = []
-    times = cpu_packed.choose(fake_step(clock, packs, cost, calls), packs, (1, 2, 4, 16), clock=clock, repeats=3)
+    times = cpu_packed.choose(fake_step(clock, packs, cost, calls), {"packed": packs}, (1, 2, 4, 16), clock=clock,
+                              repeats=3)
     assert packs.rows == {4, 16}
     assert times[2] == pytest.approx({"plain": 0.040, "packed": 0.038})  # the warm-up's 10 s not counted
     assert calls[:8] == [(1, False), (1, True), (1, True), (1, False), (1, False), (1, True), (1, True), (1, False)]
-    assert cpu_packed.faster(times, margin=0.0) == {2, 4, 16}
+    assert cpu_packed.fastest(times, margin=0.0) == {2: "packed", 4: "packed", 16: "packed"}
 
 
 def test_auto_times_the_target_step_and_keeps_the_times(monkeypatch):

@@ -38,6 +38,15 @@ def tiny_causal_lm(config, seed: int = 0):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+def bf16_exact(module):
+    """The module with every float weight rounded to bfloat16 values (what a bfloat16 checkpoint loads as)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.copy_(p.bfloat16().float())
+    return module
+
+
 def tiny_drafter(config=None, *, selected=None, seed: int = 0, dtype: str = "float32"):
     from eaglekb.models.drafter import build_drafter_for_target
 
@@ -88,9 +97,12 @@ def word_tokenizer():
     return fast
 
 
-def write_tiny_target(folder: Path) -> Path:
+def write_tiny_target(folder: Path, *, bf16_values: bool = False) -> Path:
+    """A tiny Llama target folder (weights and tokenizer); ``bf16_values``: weights a bfloat16 checkpoint holds."""
     cfg = tiny_llama_config(max_position_embeddings=256, eos_token_id=2)
     model = tiny_causal_lm(cfg)
+    if bf16_values:
+        bf16_exact(model)
     model.save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
     return folder

@@ -38,6 +38,7 @@ BAD = [
     (["bench", "--device=cuda", "--cpu-step-threads=4"], "--cpu-step-threads", NO_EFFECT),
     (["bench", "--device=cuda", "--cpu-packed=off"], "--cpu-packed", NO_EFFECT),
     (["bench", "--device=cuda", "--cpu-draft-fp16=off"], "--cpu-draft-fp16", NO_EFFECT),
+    (["bench", "--device=cuda", "--cpu-target-fp16=off"], "--cpu-target-fp16", NO_EFFECT),
     # a sweep and the single-point options beside it; a bad sweep is blamed on --sweep
     (["bench", "--steps=5", "--sweep=3,1"], "--steps", NO_EFFECT),
     (["bench", "--topk=4", "--sweep=3,1"], "--topk", NO_EFFECT),
@@ -78,6 +79,7 @@ BAD = [
     (["bench", "--fused=always"], "--fused", "not an accepted value"),
     (["bench", "--cpu-packed=fast"], "--cpu-packed", "not an accepted value"),
     (["bench", "--cpu-draft-fp16=fast"], "--cpu-draft-fp16", "not an accepted value"),
+    (["bench", "--cpu-target-fp16=fast"], "--cpu-target-fp16", "not an accepted value"),
     (["docs.deploy", "0.1", "--alias-type=hard"], "--alias-type", ""),
 ]
 

@@ -1,14 +1,17 @@
-"""Which of the engine's CPU target steps run on packed weight copies: chosen per row count by timing the step.
+"""Which product each of the engine's CPU target steps runs: chosen per row count by timing the step.
 
 Owns ``PACK_ROWS`` (the row counts a CPU target step runs up to 16: 1-7 unpadded, then 8, 12 and 16, see
-``Engine.pad_rows``), ``PackedChoice`` (what was chosen and why, with the step times behind it), ``choose``
-(the engine's own target step timed plain and packed at each row count, alternating, the best of ``repeats``
-after a warm-up pass, on an injected clock; packed kept where it is faster by more than ``MARGIN``, so timing
-noise does not flip a choice) and ``setup`` (the rules of ``off``, ``on`` and ``auto``, the last with its memory
-guard, ``eaglekb.models.packed.PACK_MEMORY_SHARE``).
+``Engine.pad_rows``), ``PRODUCTS`` (plain: ``F.linear`` or the transposed product; packed: oneDNN float32 copies;
+fp16: FBGEMM half-width copies, float32 arithmetic over half the bytes), ``PackedChoice`` (what was chosen and
+why, with the step times behind it), ``choose`` (the engine's own target step timed on each product at each row
+count, alternating, the best of ``repeats`` after a warm-up pass, on an injected clock; a copy kept for a row
+count where it is the fastest and beats plain by more than ``MARGIN``, so timing noise does not flip a choice)
+and ``setup`` (the rules of ``off``, ``on`` and ``auto`` for each kind of copy, ``auto`` with its memory guard,
+``eaglekb.models.packed.PACK_MEMORY_SHARE``, over the copies of both kinds together).
 
-The copies belong to the target (``TargetModel.packs``): engines built over one target share them, and the last
-engine built sets them. Times are kept per target and thread count, so a second engine does not time again.
+The copies belong to the target (``TargetModel.packs``, ``TargetModel.halves``): engines built over one target
+share them, and the last engine built sets them. Times are kept per target, thread count and products timed, so a
+second engine does not time again.
 
 Also the drafter's half-width copies (``draft_setup``, ``DraftHalves``): each drafter matrix that float16 holds
 exactly after a power-of-two scale (a bfloat16 checkpoint's, read into float32) runs through FBGEMM's
@@ -35,23 +38,30 @@ from eaglekb.models.layers import CALIBRATE_MIN_NUMEL
 
 MODES = ("auto", "on", "off")
 DRAFT_MATRICES = ("fc", "wqkv", "wo", "wgu", "down", "lm_head")
-#: Row counts a CPU target step runs, up to a 16-token tree: the ones timed and, with ``on``, packed.
+#: Row counts a CPU target step runs, up to a 16-token tree: the ones timed and, with ``on``, copied.
 PACK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
-#: Packed is kept for a row count only when its step is faster than the plain one by more than this share.
+#: The products a row count can run on; the copies' kinds in the order ``auto`` makes them within the memory guard.
+PRODUCTS = ("plain", "fp16", "packed")
+#: The option that sets each kind of copy.
+FLAGS = {"packed": "--cpu-packed", "fp16": "--cpu-target-fp16"}
+#: A copy is kept for a row count only when its step is faster than the plain one by more than this share.
 MARGIN = 0.1
-# target -> {threads: {rows: {"plain": s, "packed": s}}}: each target's step times, kept while it lives
+# target -> {(threads, products): {rows: {product: s}}}: each target's step times, kept while it lives
 _TIMED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass
 class PackedChoice:
-    """The packed product's state on one engine (recorded by the bench)."""
+    """The target's copies on one engine (recorded by the bench)."""
 
-    mode: str  # auto, on or off, as asked
+    mode: str  # --cpu-packed as asked: auto, on or off
     rows: list[int] = field(default_factory=list)  # row counts whose target steps run on the packed copies
-    mib: float = 0.0  # memory the copies take (0 when none are kept)
+    mib: float = 0.0  # memory the packed copies take (0 when none are kept)
     why: str = ""  # one line: why these row counts, or why none
-    step_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # per row count: plain and packed step, ms
+    step_ms: dict[str, dict[str, float]] = field(default_factory=dict)  # per row count: each product's step, ms
+    fp16: str = "off"  # --cpu-target-fp16 as asked: auto, on or off
+    fp16_rows: list[int] = field(default_factory=list)  # row counts whose target steps run on half-width copies
+    fp16_mib: float = 0.0  # memory the half-width copies take (0 when none are kept)
 
 
 def target_weights(target) -> list[torch.Tensor]:
@@ -59,36 +69,50 @@ def target_weights(target) -> list[torch.Tensor]:
     return [w for layer in target.layers for w in (layer.wqkv, layer.wo, layer.wgu, layer.down)] + [target.lm_head]
 
 
-def choose(step: Callable[[int], None], packs, rows: tuple[int, ...] = PACK_ROWS, *,
+def choose(step: Callable[[int], None], copies: dict, rows: tuple[int, ...] = PACK_ROWS, *,
            clock: Callable[[], float] = time.perf_counter, repeats: int = 3, margin: float = MARGIN,
            bar=None) -> dict[int, dict[str, float]]:
-    """Time ``step(r)`` (one target step of ``r`` rows) with ``packs`` off and on for each of ``rows``: a warm-up
-    pass of each, then ``repeats`` passes alternating which goes first, the best of each kept. Sets ``packs.rows``
-    to the row counts where packed was faster by more than ``margin``; returns the times in seconds."""
+    """Time ``step(r)`` (one target step of ``r`` rows) plain and on each of ``copies`` (product -> a ``PackSet``
+    or ``HalfSet``, whose ``rows`` say which row counts run on it) for each of ``rows``: a warm-up pass of each,
+    then ``repeats`` passes alternating the order, the best of each kept. Sets each set's ``rows`` to the row counts
+    where it was the fastest and beat plain by more than ``margin``; returns the times in seconds."""
+    names = ["plain", *copies]
     times = {}
     for r in rows:
-        best = {"plain": float("inf"), "packed": float("inf")}
+        best = dict.fromkeys(names, float("inf"))
         for i in range(repeats + 1):
-            for name in ("plain", "packed") if i % 2 == 0 else ("packed", "plain"):
-                if name == "packed":
-                    packs.rows.add(r)
-                else:
-                    packs.rows.discard(r)
+            for name in names if i % 2 == 0 else names[::-1]:
+                for other, c in copies.items():
+                    (c.rows.add if other == name else c.rows.discard)(r)
                 t0 = clock()
                 step(r)
                 if i:  # pass 0 warms the kernels and the caches
                     best[name] = min(best[name], clock() - t0)
-        packs.rows.discard(r)
+        for c in copies.values():
+            c.rows.discard(r)
         times[r] = best
         if bar is not None:
             bar.update(1)
-    packs.rows = faster(times, margin)
+    assign(copies, times, margin)
     return times
 
 
-def faster(times: dict[int, dict[str, float]], margin: float = MARGIN) -> set[int]:
-    """Row counts whose packed step beat the plain one by more than ``margin``."""
-    return {r for r, t in times.items() if t["packed"] < (1 - margin) * t["plain"]}
+def fastest(times: dict[int, dict[str, float]], margin: float = MARGIN) -> dict[int, str]:
+    """Per row count, the copy whose step was the fastest where it beat the plain one by more than ``margin``
+    (row counts absent run plain)."""
+    out = {}
+    for r, t in times.items():
+        name = min((n for n in t if n != "plain"), key=t.__getitem__, default=None)
+        if name is not None and t[name] < (1 - margin) * t["plain"]:
+            out[r] = name
+    return out
+
+
+def assign(copies: dict, times: dict[int, dict[str, float]], margin: float = MARGIN) -> None:
+    """Set each set of ``copies`` to run the row counts it won (``fastest``)."""
+    won = fastest(times, margin)
+    for name, c in copies.items():
+        c.rows = {r for r, n in won.items() if n == name}
 
 
 def target_step(engine) -> Callable[[int], None]:
@@ -113,67 +137,123 @@ def _refusal(target, compiled: bool) -> str | None:
     return None
 
 
-def setup(target, mode: str, step: Callable[[int], None], *, compiled: bool = False,
+def _make(name: str, mode: str, target, weights, compiled: bool, room: float | None):
+    """The copies of kind ``name`` for ``mode`` (``on`` or ``auto``) within ``room`` MiB (None: unknown), or the one
+    line saying why none; ``on`` refused in one line where they cannot run, a matrix would round, or they exceed
+    ``room``."""
+    flag = f"{FLAGS[name]} on"
+    cannot = _refusal(target, compiled) if name == "packed" else _half_refusal(target, compiled, "target")
+    mib = packed.copies_mib(weights) / (2 if name == "fp16" else 1)
+    if mode == "on" and cannot:
+        raise BadInput(f"{'packed' if name == 'packed' else 'half-width'} products cannot run here", where=flag,
+                       expected="auto or off", found=cannot)
+    if mode == "on" and room is not None and mib > room:
+        raise BadInput(f"{'packed' if name == 'packed' else 'half-width'} weight copies do not fit in memory",
+                       where=flag, expected=f"at most {room:,.0f} MiB (available now)", found=f"{mib:,.0f} MiB",
+                       fix=f"use {FLAGS[name]} auto or off")
+    if mode == "auto" and cannot:
+        return cannot
+    if mode == "auto" and max(w.numel() for w in weights) < CALIBRATE_MIN_NUMEL:
+        return "matrices too small to time (a tiny model): none copied"
+    if mode == "auto" and (room is None or mib > room):
+        return f"{name} copies of {mib:,.0f} MiB exceed {packed.PACK_MEMORY_SHARE:.0%} of the memory available"
+    if name == "packed":
+        return packed.PackSet(weights)
+    halves = packed.HalfSet(weights, rows=set())
+    if halves.refused and (mode == "on" or not halves.kept):
+        halves.release()
+        if mode == "on":
+            raise BadInput("a target matrix has more precision than float16 holds", where=flag,
+                           expected="matrices a bfloat16 or float16 checkpoint holds",
+                           found=f"{halves.refused} of {len(weights)} would round",
+                           fix=f"use {FLAGS[name]} auto or off")
+        return "no target matrix is held exactly by float16 (float32 weights): none made"
+    return halves
+
+
+def _copies(target, modes: dict[str, str], compiled: bool, free: float | None) -> tuple[dict, list[str]]:
+    """The copies each mode asks for (a kind that another's ``on`` claims every row count from is not made), in
+    ``PRODUCTS`` order, each ``auto`` one within what is left of the memory guard; and why any were not made."""
+    claim = next((name for name, m in modes.items() if m == "on"), None)
+    weights = target_weights(target)
+    made, notes = {}, []
+    for name in PRODUCTS[1:]:
+        mode = modes[name]
+        if mode == "off" or (claim and claim != name):
+            notes.append(f"{name} {mode}" if mode == "off" else f"{name}: {FLAGS[claim]} on takes every row count")
+            continue
+        room = free if mode == "on" else (None if free is None else packed.PACK_MEMORY_SHARE * free
+                                          - sum(c.mib for c in made.values()))
+        got = _make(name, mode, target, weights, compiled, room)
+        if isinstance(got, str):
+            notes.append(got)
+        else:
+            made[name] = got
+    return made, notes
+
+
+def setup(target, mode: str, step: Callable[[int], None], *, fp16: str = "off", compiled: bool = False,
           clock: Callable[[], float] = time.perf_counter, available: Callable[[], float | None] = packed.available_mib,
           repeats: int = 3, progress: bool = False) -> PackedChoice:
-    """Pack ``target``'s matrices (or not) for ``mode`` and say which row counts run packed.
+    """Make ``target``'s packed (``mode``) and half-width (``fp16``) copies, or not, and say which row counts run on
+    each.
 
-    ``off``: no copies (any the target had are dropped). ``on``: copies, every row count of ``PACK_ROWS`` packed,
-    refused in one line where the build, dtype or compiled layers cannot run them or they exceed the memory
-    available. ``auto``: copies only where they take at most ``PACK_MEMORY_SHARE`` of the memory available and the
+    ``off``: no copies of that kind (any the target had are dropped). ``on``: copies, every row count of
+    ``PACK_ROWS`` on them, refused in one line where the build, dtype, compiled layers or (half-width) a matrix
+    float16 would round cannot run them, or they exceed the memory available; one kind ``on`` at most. ``auto``:
+    copies only where all of them together take at most ``PACK_MEMORY_SHARE`` of the memory available and the
     matrices are large enough to time, then ``choose`` by timing ``step``; none kept where no row count gains."""
-    if mode not in MODES:
-        raise BadInput("unknown packed-product mode", where="--cpu-packed", expected="auto, on or off",
-                       found=repr(mode))
-    packed.release(target.packs)
-    target.packs = None
-    if mode == "off":
-        return PackedChoice(mode, why="off: every product through F.linear or the transposed product")
-    weights = target_weights(target)
-    cannot = _refusal(target, compiled)
-    mib, free = packed.copies_mib(weights), available()
-    if mode == "on":
-        if cannot:
-            raise BadInput("packed products cannot run here", where="--cpu-packed on", expected="auto or off",
-                           found=cannot)
-        if free is not None and mib > free:
-            raise BadInput("packed weight copies do not fit in memory", where="--cpu-packed on",
-                           expected=f"at most {free:,.0f} MiB (available now)", found=f"{mib:,.0f} MiB",
-                           fix="use --cpu-packed auto or off")
-    elif cannot:
-        return PackedChoice(mode, why=cannot)
-    elif max(w.numel() for w in weights) < CALIBRATE_MIN_NUMEL:
-        return PackedChoice(mode, why="matrices too small to time (a tiny model): none packed")
-    elif not packed.fits(mib, free):
-        return PackedChoice(mode, why=f"copies of {mib:,.0f} MiB exceed {packed.PACK_MEMORY_SHARE:.0%} of the "
-                                      f"{free or 0:,.0f} MiB available: none packed")
-    packs = target.packs = packed.PackSet(weights)
-    if mode == "on":
-        packs.rows = set(PACK_ROWS)
-        return PackedChoice(mode, sorted(packs.rows), packs.mib, "on: every row count up to 16 packed")
-    times = _timed(target, packs, step, clock=clock, repeats=repeats, progress=progress)
-    step_ms = {str(r): {k: 1000 * v for k, v in t.items()} for r, t in times.items()}
-    if not packs.rows:
-        packs.release()
+    modes = {"packed": mode, "fp16": fp16}
+    for name, m in modes.items():
+        if m not in MODES:
+            raise BadInput("unknown target copies mode", where=FLAGS[name], expected="auto, on or off", found=repr(m))
+    if mode == fp16 == "on":
+        raise BadInput("two kinds of copies each claim every row count", where="--cpu-packed on, --cpu-target-fp16 on",
+                       expected="on for one of them at most (auto for the other)", found="both on")
+    drop(target)
+    made, notes = _copies(target, modes, compiled, available())
+    target.packs, target.halves = made.get("packed"), made.get("fp16")
+    claim = next((name for name, m in modes.items() if m == "on"), None)
+    step_ms = {}
+    if claim:
+        made[claim].rows = set(PACK_ROWS)
+        notes.insert(0, f"{claim} on: every row count up to 16")
+    elif made:
+        times = _timed(target, made, step, clock=clock, repeats=repeats, progress=progress)
+        step_ms = {str(r): {k: 1000 * v for k, v in t.items()} for r, t in times.items()}
+        for name, c in made.items():
+            if not c.rows:
+                notes.append(f"{name}: no row count faster by more than {MARGIN:.0%}, none kept")
+        notes.insert(0, f"timed: a copy kept where faster than plain by more than {MARGIN:.0%}")
+        drop(target, keep={name for name, c in made.items() if c.rows})
+    p, h = target.packs, target.halves
+    return PackedChoice(mode, sorted(p.rows) if p is not None else [], p.mib if p is not None else 0.0,
+                        "; ".join(notes), step_ms, fp16, sorted(h.rows) if h is not None else [],
+                        h.mib if h is not None else 0.0)
+
+
+def drop(target, keep: set[str] = frozenset()) -> None:
+    """Release the target's copies, but those of the kinds in ``keep``."""
+    if "packed" not in keep:
+        packed.release(target.packs)
         target.packs = None
-        return PackedChoice(mode, why=f"no row count faster packed by more than {MARGIN:.0%}: none kept",
-                            step_ms=step_ms)
-    return PackedChoice(mode, sorted(packs.rows), packs.mib,
-                        f"timed: packed faster by more than {MARGIN:.0%} at these row counts", step_ms)
+    if "fp16" not in keep:
+        packed.release_half(target.halves)
+        target.halves = None
 
 
-def _timed(target, packs, step, *, clock, repeats: int, progress: bool) -> dict[int, dict[str, float]]:
-    """``choose`` once per target and thread count; later engines over the same target reuse its times."""
+def _timed(target, copies: dict, step, *, clock, repeats: int, progress: bool) -> dict[int, dict[str, float]]:
+    """``choose`` once per target, thread count and products; later engines over the same target reuse its times."""
     from tqdm.auto import tqdm
 
-    threads = torch.get_num_threads()
+    key = (torch.get_num_threads(), tuple(copies))
     known = _TIMED.setdefault(target, {})
-    if threads in known:
-        packs.rows = faster(known[threads])
-    else:  # choose sets packs.rows
-        with tqdm(total=len(PACK_ROWS), desc="timing packed products", disable=not progress, leave=False) as bar:
-            known[threads] = choose(step, packs, clock=clock, repeats=repeats, bar=bar)
-    return known[threads]
+    if key in known:
+        assign(copies, known[key])
+    else:  # choose sets each set's rows
+        with tqdm(total=len(PACK_ROWS), desc="timing target products", disable=not progress, leave=False) as bar:
+            known[key] = choose(step, copies, clock=clock, repeats=repeats, bar=bar)
+    return known[key]
 
 
 @dataclass
@@ -197,7 +277,7 @@ def draft_setup(drafter, mode: str, *, compiled: bool = False) -> DraftHalves:
     drafter.halves = None
     if mode == "off":
         return DraftHalves(mode, why="off: the drafter's products in float32 over its float32 matrices")
-    cannot = _half_refusal(drafter, compiled)
+    cannot = _half_refusal(drafter, compiled, "drafter")
     if cannot:
         if mode == "on":
             raise BadInput("half-width drafter copies cannot run here", where="--cpu-draft-fp16 on",
@@ -217,12 +297,12 @@ def draft_setup(drafter, mode: str, *, compiled: bool = False) -> DraftHalves:
                        f"{halves.kept} of {len(weights)} matrices held exactly by float16 after a power-of-two scale")
 
 
-def _half_refusal(drafter, compiled: bool) -> str | None:
-    """Why this drafter cannot run half-width copies (None: it can)."""
+def _half_refusal(model, compiled: bool, what: str) -> str | None:
+    """Why this model (``what``: drafter or target) cannot run half-width copies (None: it can)."""
     if not packed.half_supported():
         return "this torch build has no FBGEMM float16-weight linear"
-    if drafter.dtype not in packed.PACK_DTYPES:
-        return f"half-width copies are for a float32 drafter, this one is {str(drafter.dtype).replace('torch.', '')}"
+    if model.dtype not in packed.PACK_DTYPES:
+        return f"half-width copies are for a float32 {what}, this one is {str(model.dtype).replace('torch.', '')}"
     if compiled:
-        return "the compiled drafter layer keeps F.linear (half-width copies run in eager steps)"
+        return f"the compiled {what} layers keep F.linear (half-width copies run in eager steps)"
     return None

@@ -106,14 +106,16 @@ class Engine:
     them where faster, within a memory guard; ``on`` packs every row count; ``off`` none
     (``eaglekb.engine.cpu_packed``). ``cpu_draft_fp16`` (CPU only): ``auto`` and ``on`` run the drafter's products
     on half-width copies of the matrices float16 holds exactly (``on`` refuses where one would round), ``off``
-    in float32 over the float32 matrices. ``progress``: a bar while that timing runs (a few seconds on a real model)."""
+    in float32 over the float32 matrices. ``cpu_target_fp16`` (CPU only): the target's half-width copies, one more
+    product for the same per-row-count timing (``auto``); ``on`` runs every row count on them, ``off`` makes none.
+    ``progress``: a bar while that timing runs (seconds on a real model)."""
 
     GRAPHED_EXTEND = 16  # drafter extends up to this many positions run through Graphed (CUDA graphs)
 
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
                  graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0,
                  step_threads: int | None = CPU_STEP_THREADS, fused: bool | None = None, cpu_packed: str = "auto",
-                 cpu_draft_fp16: str = "auto", progress: bool = False):
+                 cpu_draft_fp16: str = "auto", cpu_target_fp16: str = "auto", progress: bool = False):
         self.target, self.drafter = target, drafter
         self.step_threads = step_threads
         self.device = target.device
@@ -154,11 +156,14 @@ class Engine:
             with self._steps():
                 self.cpu_products = calibrate_cpu_products(
                     [target.layers[0].wgu, target.layers[0].down, target.layers[0].wqkv, target.lm_head])
-                self.cpu_packed = cpu_packed_setup(target, cpu_packed, cpu_packed_step(self), compiled=self.compiled,
-                                                   progress=progress)
-            self.cpu_products = dict(self.cpu_products, **{str(r): "packed" for r in self.cpu_packed.rows})
+                self.cpu_packed = cpu_packed_setup(target, cpu_packed, cpu_packed_step(self), fp16=cpu_target_fp16,
+                                                   compiled=self.compiled, progress=progress)
+            p = self.cpu_packed
+            self.cpu_products = dict(self.cpu_products, **{str(r): "packed" for r in p.rows},
+                                     **{str(r): "fp16" for r in p.fp16_rows})
         else:
-            for flag, mode in (("--cpu-packed", cpu_packed), ("--cpu-draft-fp16", cpu_draft_fp16)):
+            for flag, mode in (("--cpu-packed", cpu_packed), ("--cpu-draft-fp16", cpu_draft_fp16),
+                               ("--cpu-target-fp16", cpu_target_fp16)):
                 if mode != "auto":
                     raise BadInput("packed weight copies are for the CPU engine", where=flag,
                                    expected=f"auto with --device {self.device.type}", found=repr(mode))

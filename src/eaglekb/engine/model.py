@@ -156,6 +156,7 @@ class TargetModel:
         self.cos, self.sin = rope_tables(rope_theta(cfg), self.head_dim, max_len, self.device)
         self._compiled = None
         self.packs = None  # CPU: packed copies of the matrices (eaglekb.models.packed.PackSet), set by an Engine
+        self.halves = None  # CPU: half-width copies of the matrices (eaglekb.models.packed.HalfSet), set by an Engine
 
     def compile(self) -> None:
         """Compile one decoder layer with inductor for the fixed-shape steps (idempotent)."""

@@ -72,6 +72,7 @@ class BenchConfig:
     cpu_step_threads: int = 1  # CPU: threads for the engine's decode / draft / verify steps (0: torch's setting)
     cpu_packed: str = "auto"  # CPU: target steps on packed weight copies: auto (timed per row count), on, off
     cpu_draft_fp16: str = "auto"  # CPU: drafter products on float16 copies of matrices it holds exactly: auto/on/off
+    cpu_target_fp16: str = "auto"  # CPU: target steps on float16 copies: auto (timed per row count), on, off
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
@@ -189,7 +190,7 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
     if cfg.cpu_step_threads < 0:
         raise BadInput("thread count must be >= 0", where="--cpu-step-threads", found=str(cfg.cpu_step_threads))
     for option, mode in (("compile", cfg.compile), ("fused", cfg.fused), ("cpu-packed", cfg.cpu_packed),
-                         ("cpu-draft-fp16", cfg.cpu_draft_fp16)):
+                         ("cpu-draft-fp16", cfg.cpu_draft_fp16), ("cpu-target-fp16", cfg.cpu_target_fp16)):
         if mode not in ("auto", "on", "off"):
             raise BadInput(f"unknown {option} mode", where=f"--{option}", expected="auto, on or off", found=repr(mode))
     specs = cfg.specs()
@@ -333,7 +334,8 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     started = wall(cfg.device)
     engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_flag(cfg.compile),
                     seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_flag(cfg.fused),
-                    cpu_packed=cfg.cpu_packed, cpu_draft_fp16=cfg.cpu_draft_fp16, progress=progress)
+                    cpu_packed=cfg.cpu_packed, cpu_draft_fp16=cfg.cpu_draft_fp16, cpu_target_fp16=cfg.cpu_target_fp16,
+                    progress=progress)
     start_s = wall(cfg.device) - started  # engine start: caches, CPU product timing, packed copies
     for p in prompts:
         engine.check_fits(len(p), cfg.max_new_tokens, nodes)
@@ -369,14 +371,16 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
 
 
 def packed_config(engine: Engine) -> dict:
-    """The packed product on a CPU engine as recorded: the row counts packed, the copies' memory, why, and the
-    target step times behind an ``auto`` choice (``eaglekb.engine.cpu_packed``)."""
+    """The target's and drafter's copies on a CPU engine as recorded: the row counts on packed and on half-width
+    copies, the copies' memory, why, and the target step times behind an ``auto`` choice
+    (``eaglekb.engine.cpu_packed``)."""
     p, d = engine.cpu_packed, engine.cpu_draft
     out = {"cpu_draft_fp16_matrices": d.matrices, "cpu_draft_fp16_mib": d.mib, "cpu_draft_fp16_why": d.why} \
         if d is not None else {"cpu_draft_fp16_matrices": None}
     if p is None:
         return dict(out, cpu_packed_rows=None, cpu_packed_mib=None)
-    return dict(out, cpu_packed_rows=p.rows, cpu_packed_mib=p.mib, cpu_packed_why=p.why, cpu_packed_step_ms=p.step_ms)
+    return dict(out, cpu_packed_rows=p.rows, cpu_packed_mib=p.mib, cpu_packed_why=p.why, cpu_packed_step_ms=p.step_ms,
+                cpu_target_fp16_rows=p.fp16_rows, cpu_target_fp16_mib=p.fp16_mib)
 
 
 def eager_vs_graphed(loaded, prompt: list[int], spec: SpecConfig | None, max_len: int, cfg: BenchConfig) -> dict:
@@ -438,6 +442,9 @@ def render_text(r: BenchReport) -> str:
         lines.append(f"  engine start {r.metrics['engine']['start_s']:.1f} s; packed products ({c['cpu_packed']}): "
                      f"rows {c['cpu_packed_rows'] or 'none'}, {c['cpu_packed_mib']:.0f} MiB of copies "
                      f"({c['cpu_packed_why']})")
+    if c.get("cpu_target_fp16_rows") is not None:
+        lines.append(f"  target half-width copies ({c['cpu_target_fp16']}): "
+                     f"rows {c['cpu_target_fp16_rows'] or 'none'}, {c['cpu_target_fp16_mib']:.0f} MiB")
     if c.get("cpu_draft_fp16_matrices") is not None:
         lines.append(f"  drafter half-width copies ({c['cpu_draft_fp16']}): {c['cpu_draft_fp16_matrices']} matrices, "
                      f"{c['cpu_draft_fp16_mib']:.0f} MiB ({c['cpu_draft_fp16_why']})")

@@ -132,14 +132,15 @@ def calibrate_cpu_products(weights: list[torch.Tensor], *, repeats: int = 3, mar
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)``; on the CPU, over ``w``'s half-width copy where its model holds one, or its packed
+    """``F.linear(x, w, b)``; on the CPU, over ``w``'s half-width copy where its model runs this row count on one
+    (a drafter: every row count), or its packed
     copy where its model runs this row count packed (``eaglekb.models.packed``), else for 1-7 rows, where
     ``calibrate_cpu_products`` found it faster (the default before any calibration), the same product as
     ``(w @ x.T).T`` (one row as two identical columns, the first kept)."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if x.device.type != "cpu":
         return F.linear(x, w, b)
-    half = half_for(w)
+    half = half_for(w, rows)
     if half is not None:
         return half_linear(x, half, b)
     copy = packed_for(w, rows)

@@ -8,7 +8,8 @@ rounding), their size, and the memory the machine has available (``available_mib
 half-width copies (``HalfSet``): each matrix that float16 holds exactly after a power-of-two scale (a bfloat16
 checkpoint's weights, read into float32) stored once in FBGEMM's packed float16 layout
 (``torch.ops.quantized.linear_prepack_fp16``), multiplied by ``half_linear`` in float32 (FBGEMM widens each weight
-to float32 and accumulates in float32: the same numbers as ``F.linear`` within float32 rounding, over half the bytes).
+to float32 and accumulates in float32: the same numbers as ``F.linear`` within float32 rounding, over half the bytes),
+at every row count (a drafter's) or at the row counts its ``rows`` names (a target's, chosen like the packed ones).
 
 Why: on a CPU the BLAS behind ``F.linear`` re-reads a matrix in its row-major layout at every call and takes a
 slow path for a handful of rows; oneDNN's matmul over a copy already in its blocked layout streams the weights at
@@ -16,7 +17,7 @@ close to the one-row rate for 2 to 16 rows (docs/reference/engine.md, "Few rows 
 beside the originals (which ``F.linear`` keeps running where it is faster, and which the model owns), so memory
 grows by the matrices packed; ``fits`` keeps ``auto`` within ``PACK_MEMORY_SHARE`` of the memory available.
 
-Knows nothing about engines, steps or timing: which row counts run packed is the engine's choice
+Knows nothing about engines, steps or timing: which row counts run packed or half-width is the engine's choice
 (``eaglekb.engine.cpu_packed``), made by timing its own target step.
 """
 
@@ -155,9 +156,11 @@ def half_scale(w: torch.Tensor) -> int | None:
 
 class HalfSet:
     """One model's half-width copies: the matrices of ``weights`` that float16 holds exactly after a power-of-two
-    scale (``half_scale``); ``kept`` and ``refused`` count them. ``release`` drops the copies."""
+    scale (``half_scale``); ``kept`` and ``refused`` count them. ``rows``: the row counts that run on them (None:
+    every row count). ``release`` drops the copies."""
 
-    def __init__(self, weights: list[torch.Tensor]):
+    def __init__(self, weights: list[torch.Tensor], rows: set[int] | None = None):
+        self.rows = rows
         self._ids: list[int] = []
         self.refused = 0
         mib = 0.0
@@ -184,6 +187,8 @@ class HalfSet:
             if entry is not None and entry[3] is self:
                 del _HALVES[key]
         self._ids, self.mib = [], 0.0
+        if self.rows is not None:
+            self.rows = set()
 
 
 def release_half(halves: HalfSet | None) -> None:
@@ -191,13 +196,13 @@ def release_half(halves: HalfSet | None) -> None:
         halves.release()
 
 
-def half_for(w: torch.Tensor):
-    """``w``'s half-width copy (parameters, output scale) where its model holds one; else None (and always while
-    compiling)."""
+def half_for(w: torch.Tensor, rows: int):
+    """``w``'s half-width copy (parameters, output scale) where its model holds one and runs ``rows`` rows on it;
+    else None (and always while compiling)."""
     if not _HALVES or torch.compiler.is_compiling():
         return None
     entry = _HALVES.get(id(w))
-    if entry is None or entry[0]() is not w:
+    if entry is None or entry[0]() is not w or (entry[3].rows is not None and rows not in entry[3].rows):
         return None
     return entry[1], entry[2]
 
