@@ -10,13 +10,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from helpers.models import VOCAB, bf16_exact, tiny_causal_lm, tiny_drafter, tiny_llama_config, tiny_qwen2_config, \
-    word_tokenizer, write_tiny_target
+from helpers.models import VOCAB, bf16_exact, engine_steps, tiny_causal_lm, tiny_drafter, tiny_llama_config, \
+    tiny_qwen2_config, write_tiny_target
 
 from eaglekb.engine import cpu_packed
 from eaglekb.engine.draft import DraftModel
 from eaglekb.engine.generate import Engine, SpecConfig
-from eaglekb.engine.kv import causal_rows
 from eaglekb.engine.model import TargetModel
 from eaglekb.io.errors import BadInput
 from eaglekb.models import packed
@@ -161,13 +160,7 @@ def test_engine_steps_on_half_copies_equal_the_float32_ones(kind):
 
     def steps(mode):
         eng = Engine(tm, cpu_packed="off", cpu_target_fp16=mode)
-        eng.prefill(torch.tensor([prompt]))
-        out = [eng.decode_one(20, n)]
-        for rows in (5, 12):
-            ar = torch.arange(n + 1, n + 1 + rows)
-            out.append(tm(torch.randint(0, VOCAB, (1, rows), generator=torch.Generator().manual_seed(rows)), ar, ar,
-                          causal_rows(n + 1, rows, n + 1 + rows, "cpu"), eng.tkv))
-        return eng, out
+        return eng, engine_steps(eng, tm, prompt)
 
     eng, half = steps("on")
     assert eng.cpu_packed.fp16_rows == list(cpu_packed.PACK_ROWS) and eng.cpu_products["12"] == "fp16"

@@ -38,6 +38,21 @@ def tiny_causal_lm(config, seed: int = 0):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
+def engine_steps(engine, tm, prompt: list[int], rows_list=(5, 12)):
+    """After a prefill of ``prompt``: ``engine``'s decode step, then one target step of each row count in
+    ``rows_list`` (random tokens, seeded by the row count) at the next positions of its cache."""
+    from eaglekb.engine.kv import causal_rows
+
+    n = len(prompt)
+    engine.prefill(torch.tensor([prompt]))
+    out = [engine.decode_one(20, n)]
+    for rows in rows_list:
+        ar = torch.arange(n + 1, n + 1 + rows)
+        ids = torch.randint(0, VOCAB, (1, rows), generator=torch.Generator().manual_seed(rows))
+        out.append(tm(ids, ar, ar, causal_rows(n + 1, rows, n + 1 + rows, "cpu"), engine.tkv))
+    return out
+
+
 def bf16_exact(module):
     """The module with every float weight rounded to bfloat16 values (what a bfloat16 checkpoint loads as)."""
     with torch.no_grad():
