@@ -159,22 +159,29 @@ def _make(name: str, mode: str, target, weights, compiled: bool, room: float | N
         return f"{name} copies of {mib:,.0f} MiB exceed {packed.PACK_MEMORY_SHARE:.0%} of the memory available"
     if name == "packed":
         return packed.PackSet(weights)
-    halves = packed.HalfSet(weights, rows=set())
+    return _halves(weights, mode, "target", FLAGS[name], rows=set())
+
+
+def _halves(weights, mode: str, what: str, flag: str, rows: set[int] | None = None):
+    """The half-width copies of ``weights`` (``what``: target or drafter; ``rows`` as ``HalfSet``'s) for ``mode``
+    (``on`` or ``auto``), or the one line saying why none: ``on`` refused in one line where a matrix would round,
+    ``auto`` keeps those float16 holds exactly."""
+    halves = packed.HalfSet(weights, rows=rows)
     if halves.refused and (mode == "on" or not halves.kept):
         halves.release()
         if mode == "on":
-            raise BadInput("a target matrix has more precision than float16 holds", where=flag,
+            raise BadInput(f"a {what} matrix has more precision than float16 holds", where=f"{flag} on",
                            expected="matrices a bfloat16 or float16 checkpoint holds",
-                           found=f"{halves.refused} of {len(weights)} would round",
-                           fix=f"use {FLAGS[name]} auto or off")
-        return "no target matrix is held exactly by float16 (float32 weights): none made"
+                           found=f"{halves.refused} of {len(weights)} would round", fix=f"use {flag} auto or off")
+        return f"no {what} matrix is held exactly by float16 (float32 weights): none made"
     return halves
 
 
-def _copies(target, modes: dict[str, str], compiled: bool, free: float | None) -> tuple[dict, list[str]]:
-    """The copies each mode asks for (a kind that another's ``on`` claims every row count from is not made), in
-    ``PRODUCTS`` order, each ``auto`` one within what is left of the memory guard; and why any were not made."""
-    claim = next((name for name, m in modes.items() if m == "on"), None)
+def _copies(target, modes: dict[str, str], claim: str | None, compiled: bool,
+            free: float | None) -> tuple[dict, list[str]]:
+    """The copies each mode asks for (a kind that another's ``on``, ``claim``, takes every row count from is not
+    made), in ``PRODUCTS`` order, each ``auto`` one within what is left of the memory guard; and why any were not
+    made."""
     weights = target_weights(target)
     made, notes = {}, []
     for name in PRODUCTS[1:]:
@@ -210,10 +217,10 @@ def setup(target, mode: str, step: Callable[[int], None], *, fp16: str = "off", 
     if mode == fp16 == "on":
         raise BadInput("two kinds of copies each claim every row count", where="--cpu-packed on, --cpu-target-fp16 on",
                        expected="on for one of them at most (auto for the other)", found="both on")
-    drop(target)
-    made, notes = _copies(target, modes, compiled, available())
-    target.packs, target.halves = made.get("packed"), made.get("fp16")
     claim = next((name for name, m in modes.items() if m == "on"), None)
+    drop(target)
+    made, notes = _copies(target, modes, claim, compiled, available())
+    target.packs, target.halves = made.get("packed"), made.get("fp16")
     step_ms = {}
     if claim:
         made[claim].rows = set(PACK_ROWS)
@@ -238,7 +245,7 @@ def drop(target, keep: set[str] = frozenset()) -> None:
         packed.release(target.packs)
         target.packs = None
     if "fp16" not in keep:
-        packed.release_half(target.halves)
+        packed.release(target.halves)
         target.halves = None
 
 
@@ -273,7 +280,7 @@ def draft_setup(drafter, mode: str, *, compiled: bool = False) -> DraftHalves:
     if mode not in MODES:
         raise BadInput("unknown drafter half-width mode", where="--cpu-draft-fp16", expected="auto, on or off",
                        found=repr(mode))
-    packed.release_half(drafter.halves)
+    packed.release(drafter.halves)
     drafter.halves = None
     if mode == "off":
         return DraftHalves(mode, why="off: the drafter's products in float32 over its float32 matrices")
@@ -284,14 +291,9 @@ def draft_setup(drafter, mode: str, *, compiled: bool = False) -> DraftHalves:
                            expected="auto or off", found=cannot)
         return DraftHalves(mode, why=cannot)
     weights = [getattr(drafter, name) for name in DRAFT_MATRICES]
-    halves = packed.HalfSet(weights)
-    if mode == "on" and halves.refused:
-        halves.release()
-        raise BadInput("a drafter matrix has more precision than float16 holds", where="--cpu-draft-fp16 on",
-                       expected="matrices a bfloat16 or float16 checkpoint holds",
-                       found=f"{halves.refused} of {len(weights)} would round", fix="use --cpu-draft-fp16 auto or off")
-    if not halves.kept:
-        return DraftHalves(mode, why="no drafter matrix is held exactly by float16 (float32 weights): none made")
+    halves = _halves(weights, mode, "drafter", "--cpu-draft-fp16")
+    if isinstance(halves, str):
+        return DraftHalves(mode, why=halves)
     drafter.halves = halves
     return DraftHalves(mode, halves.kept, halves.mib,
                        f"{halves.kept} of {len(weights)} matrices held exactly by float16 after a power-of-two scale")

@@ -86,7 +86,7 @@ class PackSet:
         self.rows: set[int] = set()
         kept = list({id(w): w for w in weights if packable(w)}.values())  # each matrix once, in order
         for w in kept:
-            release(_COPIES.get(id(w), (None, None, None))[2])  # a weight is in one set at a time
+            _take(_COPIES, w)
             copy = torch.ops.mkldnn._reorder_linear_weight(w.detach())
             _COPIES[id(w)] = (weakref.ref(w, _forget(id(w))), copy, self)
         self._ids: list[int] = [id(w) for w in kept]
@@ -97,16 +97,29 @@ class PackSet:
 
     def release(self) -> None:
         """Drop the copies (their memory goes back) and run no row count packed."""
-        for key in self._ids:
-            entry = _COPIES.get(key)
-            if entry is not None and entry[2] is self:
-                del _COPIES[key]
+        _drop(_COPIES, self._ids, self)
         self._ids, self.rows, self.mib = [], set(), 0.0
 
 
-def release(packs: PackSet | None) -> None:
-    if packs is not None:
-        packs.release()
+def release(copies: "PackSet | HalfSet | None") -> None:
+    """Drop a model's packed or half-width copies, where it has any."""
+    if copies is not None:
+        copies.release()
+
+
+def _take(registry: dict, w: torch.Tensor) -> None:
+    """Release the set that holds ``w``'s copy in ``registry``, if any: a weight is in one set at a time."""
+    entry = registry.get(id(w))
+    if entry is not None:
+        release(entry[-1])
+
+
+def _drop(registry: dict, ids: list[int], owner) -> None:
+    """Remove ``owner``'s entries (the last field of each) from ``registry``."""
+    for key in ids:
+        entry = registry.get(key)
+        if entry is not None and entry[-1] is owner:
+            del registry[key]
 
 
 def _forget(key: int, registry: dict = _COPIES):
@@ -133,7 +146,6 @@ def packed_linear(x: torch.Tensor, copy: torch.Tensor, b: torch.Tensor | None = 
     return torch.ops.mkldnn._linear_pointwise(x, copy, b, "none", [], "")
 
 
-
 def half_supported() -> bool:
     """Whether this torch build has FBGEMM's float16-weight linear (x86 CPU builds)."""
     engines = torch.backends.quantized.supported_engines
@@ -144,6 +156,12 @@ def half_scale(w: torch.Tensor) -> int | None:
     """The power of two ``s`` such that float16 holds every value of ``w * 2**s`` exactly (its largest magnitude
     brought into [2**14, 2**15)); None where there is none (a float32 matrix with more bits than float16 keeps, a
     range wider than float16's, a non-finite value) or ``w`` is not a CPU float32 matrix."""
+    found = _half_scaled(w)
+    return None if found is None else found[0]
+
+
+def _half_scaled(w: torch.Tensor) -> tuple[int, torch.Tensor] | None:
+    """``half_scale``'s ``s`` with ``w * 2**s`` itself (what the copy is made from), or None."""
     if not packable(w) or not w.numel():
         return None
     top = float(w.abs().max())
@@ -151,7 +169,7 @@ def half_scale(w: torch.Tensor) -> int | None:
         return None
     s = 15 - math.frexp(top)[1] if top else 0
     scaled = w.detach() * 2.0 ** s  # exact: a power of two
-    return s if torch.equal(scaled.half().float(), scaled) else None
+    return (s, scaled) if torch.equal(scaled.half().float(), scaled) else None
 
 
 class HalfSet:
@@ -165,12 +183,13 @@ class HalfSet:
         self.refused = 0
         mib = 0.0
         for w in {id(w): w for w in weights}.values():  # each matrix once
-            s = half_scale(w)
-            if s is None:
+            found = _half_scaled(w)
+            if found is None:
                 self.refused += 1
                 continue
-            release_half(_HALVES.get(id(w), (None, None, None, None))[3])  # a weight is in one set at a time
-            params = torch.ops.quantized.linear_prepack_fp16(w.detach() * 2.0 ** s, None)
+            s, scaled = found
+            _take(_HALVES, w)
+            params = torch.ops.quantized.linear_prepack_fp16(scaled, None)
             _HALVES[id(w)] = (weakref.ref(w, _forget(id(w), _HALVES)), params, 2.0 ** -s, self)
             self._ids.append(id(w))
             mib += w.numel() * 2 / 2**20
@@ -182,18 +201,10 @@ class HalfSet:
 
     def release(self) -> None:
         """Drop the copies (``linear`` goes back to the float32 matrices)."""
-        for key in self._ids:
-            entry = _HALVES.get(key)
-            if entry is not None and entry[3] is self:
-                del _HALVES[key]
+        _drop(_HALVES, self._ids, self)
         self._ids, self.mib = [], 0.0
         if self.rows is not None:
             self.rows = set()
-
-
-def release_half(halves: HalfSet | None) -> None:
-    if halves is not None:
-        halves.release()
 
 
 def half_for(w: torch.Tensor, rows: int):
