@@ -52,7 +52,7 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
     options={"steps": whole(1, MAX_DRAFT_STEPS)},
     help={
         "target": "target model: embedded name (smollm2-135m), folder or repo id",
-        "drafter": "drafter folder; default: the target's own (drafters/smollm2-135m-default, drafters/qwen2.5-coder-0.5b-r3, drafters/qwen2.5-coder-1.5b-r1)",
+        "drafter": "drafter folder; default: the target's own (drafters/smollm2-135m-default, drafters/qwen2.5-coder-0.5b-r3, drafters/qwen2.5-coder-1.5b-r2)",
         "prompts": "gsm8k-eval, humaneval, mtbench, builtin, CORPUS-heldout, or a prompts file",
         "num_prompts": "how many prompts (default 4)",
         "max_new_tokens": "tokens per prompt, end-of-sequence ignored (default 128)",

@@ -17,7 +17,7 @@ def _one_float(value, option):
     default=True,
     help={
         "target": "target model: embedded name (smollm2-135m), folder or repo id",
-        "drafter": "drafter folder (SGLang/SpecForge or speculators format); default: the target's own (drafters/smollm2-135m-default, drafters/qwen2.5-coder-0.5b-r3, drafters/qwen2.5-coder-1.5b-r1)",
+        "drafter": "drafter folder (SGLang/SpecForge or speculators format); default: the target's own (drafters/smollm2-135m-default, drafters/qwen2.5-coder-0.5b-r3, drafters/qwen2.5-coder-1.5b-r2)",
         "reference_drafter": "a second drafter to judge against (same target)",
         "prompts": "held-out prompts: gsm8k-eval, humaneval, mtbench, builtin, CORPUS-heldout, or a prompts file (text or JSON lines)",
         "num_prompts": "how many prompts (default 8)",

@@ -48,8 +48,8 @@ DRAFTERS = {
                                 obtain="it is committed: restore drafters/smollm2-135m-default from git"),
     "qwen2.5-coder-0.5b": DrafterHome("drafters/qwen2.5-coder-0.5b-r3", committed=True,
                                       obtain="it is committed: restore drafters/qwen2.5-coder-0.5b-r3 from git"),
-    "qwen2.5-coder-1.5b": DrafterHome("drafters/qwen2.5-coder-1.5b-r1", committed=True,
-                                      obtain="it is committed: restore drafters/qwen2.5-coder-1.5b-r1 from git"),
+    "qwen2.5-coder-1.5b": DrafterHome("drafters/qwen2.5-coder-1.5b-r2", committed=True,
+                                      obtain="it is committed: restore drafters/qwen2.5-coder-1.5b-r2 from git"),
 }
 
 
