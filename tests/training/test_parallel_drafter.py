@@ -211,3 +211,21 @@ def test_finetune_trains_and_saves_a_p_eagle_drafter(data, tmp_path):
     assert rep["step"] == 4
     d = load_drafter(tmp_path / "run" / "drafter")
     assert d.parallel_tokens == 3 and d.mask_hidden.shape == (96,)
+
+
+def test_p_eagle_continues_an_eagle3_drafter_with_its_own_mapping(data, tmp_path):
+    """The P-EAGLE recipe's shape: --init an EAGLE-3 drafter, --mapping that drafter's folder. The new drafter keeps
+    its draft vocabulary, starts from its layer (the mask positions are new), and drafts K tokens a pass."""
+    train(cfg_for(data, tmp_path / "e3", steps=2), progress=False)
+    init = tmp_path / "e3" / "drafter"
+    before = load_drafter(init)
+    rep = train(cfg_for(data, tmp_path / "pe", steps=1, lr=1e-9, val_fraction=0.0, method="p-eagle",
+                        parallel_tokens=K, init=str(init), mapping=str(init)), progress=False)
+    assert rep["step"] == 1
+    after = load_drafter(tmp_path / "pe" / "drafter")
+    assert after.parallel_tokens == K and torch.equal(after.d2t, before.d2t)
+    common = [n for n, _ in before.named_parameters() if n in dict(after.named_parameters())]
+    assert common
+    got = dict(after.named_parameters())
+    for name, p in before.named_parameters():  # a step at lr 1e-9 leaves the inherited weights where they were
+        assert torch.allclose(got[name].float(), p.float(), atol=1e-5), name
