@@ -78,7 +78,7 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
         "cpu_draft_fp16": "CPU: the drafter's products on float16 copies of the matrices float16 holds exactly "
                           "(float32 arithmetic, half the bytes): auto, on (refused where a matrix would round), off",
         "cpu_draft_int8": "CPU: the drafter's products but fc on int8 copies (FBGEMM dynamic int8; lossy: may lower "
-                          "acceptance, never changes the tokens kept): auto (where this build can), on, off",
+                          "acceptance, never changes the tokens kept): auto (where this build can), on, off (the default)",
         "cpu_target_fp16": "CPU: target steps on float16 copies of its matrices (exact for a bfloat16 checkpoint; "
                            "float32 arithmetic, half the bytes): auto (timed per row count beside --cpu-packed), on "
                            "(every row count), off",
@@ -91,7 +91,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
           compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1, shape_from=None,
-          cpu_packed="auto", cpu_draft_fp16="auto", cpu_target_fp16="auto", cpu_draft_int8="auto"):
+          cpu_packed="auto", cpu_draft_fp16="auto", cpu_target_fp16="auto", cpu_draft_int8="off"):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib

@@ -70,18 +70,18 @@ def test_a_weight_is_in_one_set_and_its_entry_goes_with_it():
 
 
 def test_the_modes_rules_and_one_line_refusals():
-    """auto (the default) and on put every matrix but fc in int8 and fc in half-width; off leaves the half-width
+    """auto and on put every matrix but fc in int8 and fc in half-width; off (the default) leaves the half-width
     copies to all six; an unknown mode, or on where compiled layers keep F.linear, is refused in one line."""
     tm, dm = build()
     for mode in ("auto", "on"):
-        eng = Engine(tm, dm, cpu_draft_int8=mode) if mode == "on" else Engine(tm, dm)
+        eng = Engine(tm, dm, cpu_draft_int8=mode)
         d = eng.cpu_draft
         assert (d.int8, d.int8_matrices, d.matrices) == (mode, len(cpu_packed.DRAFT_INT8), 1)
         assert d.int8_mib > 0 and dm.int8 is not None and dm.halves is not None
         assert packed.half_for(dm.lm_head, 1)[0] is packed._int8_product
         assert packed.half_for(dm.fc, 1)[0] is packed._fp16_product
-    eng = Engine(tm, dm, cpu_draft_int8="off")
-    assert eng.cpu_draft.int8_matrices == 0 and dm.int8 is None and eng.cpu_draft.matrices == 6
+    eng = Engine(tm, dm)
+    assert eng.cpu_draft.int8 == "off" and eng.cpu_draft.int8_matrices == 0 and dm.int8 is None and eng.cpu_draft.matrices == 6
     assert packed.half_for(dm.lm_head, 1)[0] is packed._fp16_product
     Engine(tm, dm, cpu_draft_int8="on", cpu_draft_fp16="off")
     assert dm.halves is None and packed.half_for(dm.fc, 1) is None and dm.int8.kept == 5
@@ -109,17 +109,18 @@ def test_speculative_decoding_on_int8_copies_is_plain_greedy_decoding(kind):
 
 def test_bench_records_the_int8_copies(tiny_pair):
     """The bench records the mode and the matrices in int8 (a float32 drafter too: int8 needs no exact values), none
-    with off; an unknown mode is refused in one line."""
+    with off (the default); an unknown mode is refused in one line."""
     from eaglekb.measure import bench
 
     target, drafter = tiny_pair
     cfg = bench.BenchConfig(target=str(target), drafter=str(drafter), prompts="builtin", num_prompts=1,
-                            max_new_tokens=4, sweep=[(2, 1, None)], repeats=1, warmup=0, peers=[])
+                            max_new_tokens=4, sweep=[(2, 1, None)], repeats=1, warmup=0, peers=[],
+                            cpu_draft_int8="auto")
     r = bench.run(cfg, progress=False)
     assert r.config["cpu_draft_int8"] == "auto" and r.config["cpu_draft_int8_matrices"] == 5
     assert "drafter int8 copies (auto): 5 matrices" in bench.render_text(r)
-    off = bench.run(dataclasses.replace(cfg, cpu_draft_int8="off"), progress=False)
-    assert off.config["cpu_draft_int8_matrices"] == 0 and "int8 copies" not in bench.render_text(off)
+    off = bench.run(dataclasses.replace(cfg, cpu_draft_int8=bench.BenchConfig.cpu_draft_int8), progress=False)
+    assert off.config["cpu_draft_int8"] == "off" and off.config["cpu_draft_int8_matrices"] == 0 and "int8 copies" not in bench.render_text(off)
     with pytest.raises(BadInput, match="--cpu-draft-int8") as e:
         bench.run(bench.BenchConfig(target=str(target), drafter=str(drafter), cpu_draft_int8="fast"), progress=False)
     assert "\n" not in str(e.value)

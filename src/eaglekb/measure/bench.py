@@ -73,7 +73,7 @@ class BenchConfig:
     cpu_packed: str = "auto"  # CPU: target steps on packed weight copies: auto (timed per row count), on, off
     cpu_draft_fp16: str = "auto"  # CPU: drafter products on float16 copies of matrices it holds exactly: auto/on/off
     cpu_target_fp16: str = "auto"  # CPU: target steps on float16 copies: auto (timed per row count), on, off
-    cpu_draft_int8: str = "auto"  # CPU: most drafter products on int8 copies (lossy, acceptance only): auto/on/off
+    cpu_draft_int8: str = "off"  # CPU: most drafter products on int8 copies (lossy, acceptance only): auto/on/off
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
