@@ -173,6 +173,7 @@ OPTIONS: dict[str, Callable[[Any, str], Any]] = {
     "batching": one_of("random", "length"), "alias_type": one_of("symlink", "redirect", "copy"),
     "fused": one_of("auto", "on", "off"), "cpu_packed": one_of("auto", "on", "off"),
     "cpu_draft_fp16": one_of("auto", "on", "off"), "cpu_target_fp16": one_of("auto", "on", "off"),
+    "cpu_draft_int8": one_of("auto", "on", "off"),
     # free text that ends up in a baseline, a manifest or the site: one printable line of bounded length
     "commit": free_text(100), "command": free_text(4000), "server_model": free_text(200), "names": free_text(1000),
     "version": DOCS_NAME, "alias": DOCS_ALIAS, "branch": free_text(200), "peers": free_text(1000),

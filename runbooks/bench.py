@@ -77,6 +77,8 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
                       "copies only within half the memory available), on, off",
         "cpu_draft_fp16": "CPU: the drafter's products on float16 copies of the matrices float16 holds exactly "
                           "(float32 arithmetic, half the bytes): auto, on (refused where a matrix would round), off",
+        "cpu_draft_int8": "CPU: the drafter's products but fc on int8 copies (FBGEMM dynamic int8; lossy: may lower "
+                          "acceptance, never changes the tokens kept): auto (where this build can), on, off (the default)",
         "cpu_target_fp16": "CPU: target steps on float16 copies of its matrices (exact for a bfloat16 checkpoint; "
                            "float32 arithmetic, half the bytes): auto (timed per row count beside --cpu-packed), on "
                            "(every row count), off",
@@ -89,7 +91,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
           compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1, shape_from=None,
-          cpu_packed="auto", cpu_draft_fp16="auto", cpu_target_fp16="auto"):
+          cpu_packed="auto", cpu_draft_fp16="auto", cpu_target_fp16="auto", cpu_draft_int8="off"):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -106,6 +108,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             ("cpu_packed", cuda, "--device cpu (packed weight copies for the CPU engine's steps)"),
             ("cpu_draft_fp16", cuda, "--device cpu (half-width drafter copies for the CPU engine's steps)"),
             ("cpu_target_fp16", cuda, "--device cpu (half-width target copies for the CPU engine's steps)"),
+            ("cpu_draft_int8", cuda, "--device cpu (int8 drafter copies for the CPU engine's steps)"),
         ], locals())
         shape = shape_from_record(shape_from, locals(), also=("sweep",), prompts=prompts,
                                   drafter=drafter or default_drafter(target), device=device)
@@ -122,6 +125,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             compile=str(compile), fused=str(fused), profile=bool(profile),
             cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"), cpu_packed=str(cpu_packed),
             cpu_draft_fp16=str(cpu_draft_fp16), cpu_target_fp16=str(cpu_target_fp16),
+            cpu_draft_int8=str(cpu_draft_int8),
         )
         with _sweep_blamed(bool(sweep)):
             report = lib.run(cfg, progress=not json)

@@ -88,7 +88,7 @@ def test_copies_are_counted_refused_and_freed():
     assert halves.kept == 0 and again.kept == 1
     del w
     gc.collect()
-    assert not [k for k, e in packed._HALVES.items() if e[3] is again and e[0]() is None]
+    assert not [k for k, e in packed._HALVES.items() if e[-1] is again and e[0]() is None]
     again.release()
 
 
@@ -96,21 +96,21 @@ def test_the_modes_rules_and_one_line_refusals():
     """auto makes copies of the matrices held exactly (none for a float32-trained drafter, and says why); on
     refuses where one would round; off drops them; an unknown mode, or one on another device, is refused."""
     tm, dm = build()
-    eng = Engine(tm, dm)
+    eng = Engine(tm, dm, cpu_draft_int8="off")
     assert eng.cpu_draft.mode == "auto" and eng.cpu_draft.matrices == 6 and dm.halves is not None
     assert eng.cpu_draft.mib > 0 and packed.half_for(dm.lm_head, 1) is not None
-    eng = Engine(tm, dm, cpu_draft_fp16="off")
+    eng = Engine(tm, dm, cpu_draft_int8="off", cpu_draft_fp16="off")
     assert eng.cpu_draft.matrices == 0 and dm.halves is None and packed.half_for(dm.lm_head, 1) is None
-    Engine(tm, dm, cpu_draft_fp16="on")
+    Engine(tm, dm, cpu_draft_int8="off", cpu_draft_fp16="on")
     assert dm.halves.kept == 6
     _, raw = build(exact=False)
-    eng = Engine(tm, raw)
+    eng = Engine(tm, raw, cpu_draft_int8="off")
     assert eng.cpu_draft.matrices == 0 and "none made" in eng.cpu_draft.why and raw.halves is None
     with pytest.raises(BadInput, match="--cpu-draft-fp16 on") as e:
-        Engine(tm, raw, cpu_draft_fp16="on")
+        Engine(tm, raw, cpu_draft_int8="off", cpu_draft_fp16="on")
     assert "\n" not in str(e.value) and "6 of 6" in str(e.value) and raw.halves is None
     with pytest.raises(BadInput, match="--cpu-draft-fp16") as e:
-        Engine(tm, dm, cpu_draft_fp16="fast")
+        Engine(tm, dm, cpu_draft_int8="off", cpu_draft_fp16="fast")
     assert "\n" not in str(e.value)
     assert cpu_packed.draft_setup(dm, "auto", compiled=True).matrices == 0  # compiled layers keep F.linear
     with pytest.raises(BadInput, match="--cpu-draft-fp16 on"):
@@ -127,7 +127,7 @@ def test_drafting_on_half_copies_equals_float32_drafting(kind):
     prompt = torch.randint(0, VOCAB, (11,), generator=torch.Generator().manual_seed(3)).tolist()
     runs = {}
     for mode in ("off", "on"):
-        eng = Engine(tm, dm, cpu_draft_fp16=mode)
+        eng = Engine(tm, dm, cpu_draft_int8="off", cpu_draft_fp16=mode)
         _, aux = eng.prefill(torch.tensor([prompt]))
         logits, hidden = eng.draft_extend(prompt[1:] + [5], aux[0], 0)
         ar = torch.tensor([len(prompt)])
@@ -150,7 +150,7 @@ def test_the_cpu_extend_computes_the_last_rows_logits_alone():
     """On the CPU the drafter extend returns the last row's logits (those of the whole pass at that row) and every
     row's hidden state, padded or not."""
     tm, dm = build()
-    eng = Engine(tm, dm, cpu_draft_fp16="off")
+    eng = Engine(tm, dm, cpu_draft_int8="off", cpu_draft_fp16="off")
     _, aux = eng.prefill(torch.tensor([list(range(3, 23))]))
     for n in (1, 3, 9, 20):  # 9: padded to 12 rows; 20: the prompt's eager extend
         tokens = list(range(10, 10 + n))

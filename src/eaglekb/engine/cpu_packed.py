@@ -17,7 +17,10 @@ Also the drafter's half-width copies (``draft_setup``, ``DraftHalves``): each dr
 exactly after a power-of-two scale (a bfloat16 checkpoint's, read into float32) runs through FBGEMM's
 float16-weight product (``eaglekb.models.packed.HalfSet``): float32 arithmetic over half the bytes, so a draft step,
 which streams the drafter's weights for a row or two, reads half as much. ``auto`` and ``on`` make them; ``off``
-none. The copies belong to the drafter (``DraftModel.halves``), set by the last engine built over it.
+none. Before them, the drafter's int8 copies (``--cpu-draft-int8``, ``DRAFT_INT8``: every matrix but ``fc``, through
+FBGEMM's dynamic int8 linear, ``eaglekb.models.packed.Int8Set``): a quarter of the float32 bytes, lossy, so they may
+lower acceptance but never change the tokens the target keeps. The copies belong to the drafter
+(``DraftModel.halves``, ``DraftModel.int8``), set by the last engine built over it.
 
 Knows nothing about prompts, baselines or the task runner.
 """
@@ -38,6 +41,11 @@ from eaglekb.models.layers import CALIBRATE_MIN_NUMEL
 
 MODES = ("auto", "on", "off")
 DRAFT_MATRICES = ("fc", "wqkv", "wo", "wgu", "down", "lm_head")
+#: The drafter's matrices ``--cpu-draft-int8`` rounds to int8: all but ``fc``, whose input (the target's hidden
+#: states of three layers, side by side) has a few features far larger than the rest, so FBGEMM's per-call 8-bit
+#: rounding of the activations wipes out the others (smollm2-135m's default drafter: accept 2.47 -> 1.71 on GSM8K
+#: with ``fc`` in int8, 2.47 -> 2.52 without it).
+DRAFT_INT8 = ("wqkv", "wo", "wgu", "down", "lm_head")
 #: Row counts a CPU target step runs, up to a 16-token tree: the ones timed and, with ``on``, copied.
 PACK_ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16)
 #: The products a row count can run on; the copies' kinds in the order ``auto`` makes them within the memory guard.
@@ -265,38 +273,77 @@ def _timed(target, copies: dict, step, *, clock, repeats: int, progress: bool) -
 
 @dataclass
 class DraftHalves:
-    """The drafter's half-width copies on one engine (recorded by the bench)."""
+    """The drafter's half-width and int8 copies on one engine (recorded by the bench)."""
 
-    mode: str  # auto, on or off, as asked
+    mode: str  # --cpu-draft-fp16: auto, on or off, as asked
     matrices: int = 0  # drafter matrices whose products run on half-width copies
-    mib: float = 0.0  # memory the copies take
+    mib: float = 0.0  # memory the half-width copies take
     why: str = ""  # one line: why these, or why none
+    int8: str = "off"  # --cpu-draft-int8: auto, on or off, as asked
+    int8_matrices: int = 0  # drafter matrices whose products run on int8 copies
+    int8_mib: float = 0.0  # memory the int8 copies take
 
 
-def draft_setup(drafter, mode: str, *, compiled: bool = False) -> DraftHalves:
-    """Make ``drafter``'s half-width copies (or not) for ``mode``: ``off`` none (any it had are dropped); ``auto``
-    every matrix float16 holds exactly (none where this build or dtype cannot run them); ``on`` the same, refused in
-    one line where they cannot run or a matrix would not be held exactly."""
-    if mode not in MODES:
-        raise BadInput("unknown drafter half-width mode", where="--cpu-draft-fp16", expected="auto, on or off",
-                       found=repr(mode))
-    packed.release(drafter.halves)
-    drafter.halves = None
+def draft_setup(drafter, mode: str, *, int8: str = "off", compiled: bool = False) -> DraftHalves:
+    """Make ``drafter``'s int8 (``int8``) and half-width (``mode``) copies, or not.
+
+    int8: ``auto`` and ``on`` run the products of ``DRAFT_INT8`` on int8 copies (lossy: the proposals may change,
+    the tokens the target keeps never do), ``auto`` where this build and the drafter's dtype can, ``on`` refused in
+    one line where they cannot; ``off`` none. Half-width, over the matrices left: ``off`` none; ``auto`` every
+    matrix float16 holds exactly (none where this build or dtype cannot run them); ``on`` the same, refused in one
+    line where they cannot run or a matrix would not be held exactly. Any copies the drafter had are dropped first."""
+    for flag, m in (("--cpu-draft-fp16", mode), ("--cpu-draft-int8", int8)):
+        if m not in MODES:
+            raise BadInput(f"unknown drafter {'half-width' if flag.endswith('fp16') else 'int8'} mode", where=flag,
+                           expected="auto, on or off", found=repr(m))
+    for copies in (drafter.halves, drafter.int8):
+        packed.release(copies)
+    drafter.halves = drafter.int8 = None
+    out = DraftHalves(mode, int8=int8)
+    rest = list(DRAFT_MATRICES)
+    if int8 != "off":
+        cannot = _int8_refusal(drafter, compiled)
+        if cannot and int8 == "on":
+            raise BadInput("int8 drafter copies cannot run here", where="--cpu-draft-int8 on", expected="auto or off",
+                           found=cannot)
+        if not cannot:
+            drafter.int8 = packed.Int8Set([getattr(drafter, name) for name in DRAFT_INT8])
+            out.int8_matrices, out.int8_mib = drafter.int8.kept, drafter.int8.mib
+            rest = [name for name in rest if name not in DRAFT_INT8]
+    out.why = _draft_fp16(drafter, mode, rest, compiled)
+    if drafter.halves is not None:
+        out.matrices, out.mib = drafter.halves.kept, drafter.halves.mib
+    return out
+
+
+def _draft_fp16(drafter, mode: str, names: list[str], compiled: bool) -> str:
+    """Make the drafter's half-width copies of ``names`` for ``mode``; the one line saying what was made, or why
+    none."""
     if mode == "off":
-        return DraftHalves(mode, why="off: the drafter's products in float32 over its float32 matrices")
+        return "off: the drafter's products in float32 over its float32 matrices"
     cannot = _half_refusal(drafter, compiled, "drafter")
     if cannot:
         if mode == "on":
             raise BadInput("half-width drafter copies cannot run here", where="--cpu-draft-fp16 on",
                            expected="auto or off", found=cannot)
-        return DraftHalves(mode, why=cannot)
-    weights = [getattr(drafter, name) for name in DRAFT_MATRICES]
+        return cannot
+    weights = [getattr(drafter, name) for name in names]
     halves = _halves(weights, mode, "drafter", "--cpu-draft-fp16")
     if isinstance(halves, str):
-        return DraftHalves(mode, why=halves)
+        return halves
     drafter.halves = halves
-    return DraftHalves(mode, halves.kept, halves.mib,
-                       f"{halves.kept} of {len(weights)} matrices held exactly by float16 after a power-of-two scale")
+    return f"{halves.kept} of {len(weights)} matrices held exactly by float16 after a power-of-two scale"
+
+
+def _int8_refusal(model, compiled: bool) -> str | None:
+    """Why this drafter cannot run int8 copies (None: it can)."""
+    if not packed.int8_supported():
+        return "this torch build has no FBGEMM dynamic int8 linear"
+    if model.dtype not in packed.PACK_DTYPES:
+        return f"int8 copies are for a float32 drafter, this one is {str(model.dtype).replace('torch.', '')}"
+    if compiled:
+        return "the compiled drafter layers keep F.linear (int8 copies run in eager steps)"
+    return None
 
 
 def _half_refusal(model, compiled: bool, what: str) -> str | None:

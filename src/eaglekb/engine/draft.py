@@ -117,6 +117,7 @@ class DraftModel:
         self.inv_freq = inv_freq(cfg.rope_theta, self.head_dim, dev)
         self._compiled = None
         self.halves = None  # CPU: half-width copies of the matrices (eaglekb.models.packed.HalfSet), set by an Engine
+        self.int8 = None  # CPU: int8 copies of the matrices (eaglekb.models.packed.Int8Set), set by an Engine
 
     def compile(self) -> None:
         """Compile the drafter layer with inductor for the fixed-shape steps (idempotent)."""

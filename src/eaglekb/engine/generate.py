@@ -106,7 +106,9 @@ class Engine:
     them where faster, within a memory guard; ``on`` packs every row count; ``off`` none
     (``eaglekb.engine.cpu_packed``). ``cpu_draft_fp16`` (CPU only): ``auto`` and ``on`` run the drafter's products
     on half-width copies of the matrices float16 holds exactly (``on`` refuses where one would round), ``off``
-    in float32 over the float32 matrices. ``cpu_target_fp16`` (CPU only): the target's half-width copies, one more
+    in float32 over the float32 matrices. ``cpu_draft_int8`` (CPU only): ``auto`` and ``on`` run most of the
+    drafter's products on int8 copies instead (``eaglekb.engine.cpu_packed.DRAFT_INT8``; lossy: acceptance may fall,
+    the tokens kept never change), ``off`` (the default) none. ``cpu_target_fp16`` (CPU only): the target's half-width copies, one more
     product for the same per-row-count timing (``auto``); ``on`` runs every row count on them, ``off`` makes none.
     ``progress``: a bar while that timing runs (seconds on a real model)."""
 
@@ -115,7 +117,8 @@ class Engine:
     def __init__(self, target: TargetModel, drafter: DraftModel | None = None, *, max_len: int | None = None,
                  graphs: bool = False, compile: bool | None = None, max_nodes: int = 64, seed: int = 0,
                  step_threads: int | None = CPU_STEP_THREADS, fused: bool | None = None, cpu_packed: str = "auto",
-                 cpu_draft_fp16: str = "auto", cpu_target_fp16: str = "auto", progress: bool = False):
+                 cpu_draft_fp16: str = "auto", cpu_target_fp16: str = "auto", cpu_draft_int8: str = "off",
+                 progress: bool = False):
         self.target, self.drafter = target, drafter
         self.step_threads = step_threads
         self.device = target.device
@@ -152,7 +155,7 @@ class Engine:
         self.cpu_products, self.cpu_packed, self.cpu_draft = None, None, None
         if self.device.type == "cpu":
             if drafter is not None:
-                self.cpu_draft = cpu_draft_setup(drafter, cpu_draft_fp16, compiled=self.compiled)
+                self.cpu_draft = cpu_draft_setup(drafter, cpu_draft_fp16, int8=cpu_draft_int8, compiled=self.compiled)
             with self._steps():
                 self.cpu_products = calibrate_cpu_products(
                     [target.layers[0].wgu, target.layers[0].down, target.layers[0].wqkv, target.lm_head])
@@ -162,11 +165,12 @@ class Engine:
             self.cpu_products = dict(self.cpu_products, **{str(r): "packed" for r in p.rows},
                                      **{str(r): "fp16" for r in p.fp16_rows})
         else:
-            for flag, mode in (("--cpu-packed", cpu_packed), ("--cpu-draft-fp16", cpu_draft_fp16),
-                               ("--cpu-target-fp16", cpu_target_fp16)):
-                if mode != "auto":
+            for flag, mode, free in (("--cpu-packed", cpu_packed, "auto"), ("--cpu-draft-fp16", cpu_draft_fp16, "auto"),
+                                     ("--cpu-target-fp16", cpu_target_fp16, "auto"),
+                                     ("--cpu-draft-int8", cpu_draft_int8, "auto or off")):
+                if mode not in free.split(" or "):  # the default, or auto: nothing to do off the CPU
                     raise BadInput("packed weight copies are for the CPU engine", where=flag,
-                                   expected=f"auto with --device {self.device.type}", found=repr(mode))
+                                   expected=f"{free} with --device {self.device.type}", found=repr(mode))
         if drafter is not None:
             self._draft_step = Graphed(lambda ids, h, pos, slots, mask: drafter(ids, h, pos, slots, mask, self.dkv,
                                                                                  compiled=c),

@@ -26,7 +26,7 @@ KINDS = ("probe", "bench")
 PROBE_CONFIG = ("dtype", "steps", "topk", "draft_tokens", "temperature", "num_prompts", "max_new_tokens")
 BENCH_CONFIG = ("dtype", "num_prompts", "max_new_tokens")
 #: Engine settings that change a bench run's speed, keyed only where a record has them (older records lack them).
-BENCH_SETTINGS = ("cpu_packed", "cpu_draft_fp16", "cpu_target_fp16")
+BENCH_SETTINGS = ("cpu_packed", "cpu_draft_fp16", "cpu_target_fp16", "cpu_draft_int8")
 PLAIN_METRICS = ("engine.median_tok_s", "hf_static_compile.median_tok_s", "hf_generate.median_tok_s")
 
 

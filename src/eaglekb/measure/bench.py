@@ -73,6 +73,7 @@ class BenchConfig:
     cpu_packed: str = "auto"  # CPU: target steps on packed weight copies: auto (timed per row count), on, off
     cpu_draft_fp16: str = "auto"  # CPU: drafter products on float16 copies of matrices it holds exactly: auto/on/off
     cpu_target_fp16: str = "auto"  # CPU: target steps on float16 copies: auto (timed per row count), on, off
+    cpu_draft_int8: str = "off"  # CPU: most drafter products on int8 copies (lossy, acceptance only): auto/on/off
 
     def specs(self) -> list[SpecConfig]:
         return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
@@ -190,7 +191,8 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
     if cfg.cpu_step_threads < 0:
         raise BadInput("thread count must be >= 0", where="--cpu-step-threads", found=str(cfg.cpu_step_threads))
     for option, mode in (("compile", cfg.compile), ("fused", cfg.fused), ("cpu-packed", cfg.cpu_packed),
-                         ("cpu-draft-fp16", cfg.cpu_draft_fp16), ("cpu-target-fp16", cfg.cpu_target_fp16)):
+                         ("cpu-draft-fp16", cfg.cpu_draft_fp16), ("cpu-target-fp16", cfg.cpu_target_fp16),
+                         ("cpu-draft-int8", cfg.cpu_draft_int8)):
         if mode not in ("auto", "on", "off"):
             raise BadInput(f"unknown {option} mode", where=f"--{option}", expected="auto, on or off", found=repr(mode))
     specs = cfg.specs()
@@ -335,6 +337,7 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     engine = Engine(loaded.target, loaded.drafter, max_len=max_len, graphs=graphed, compile=_flag(cfg.compile),
                     seed=cfg.seed, step_threads=cfg.cpu_step_threads or None, fused=_flag(cfg.fused),
                     cpu_packed=cfg.cpu_packed, cpu_draft_fp16=cfg.cpu_draft_fp16, cpu_target_fp16=cfg.cpu_target_fp16,
+                    cpu_draft_int8=cfg.cpu_draft_int8,
                     progress=progress)
     start_s = wall(cfg.device) - started  # engine start: caches, CPU product timing, packed copies
     for p in prompts:
@@ -375,7 +378,8 @@ def packed_config(engine: Engine) -> dict:
     copies, the copies' memory, why, and the target step times behind an ``auto`` choice
     (``eaglekb.engine.cpu_packed``)."""
     p, d = engine.cpu_packed, engine.cpu_draft
-    out = {"cpu_draft_fp16_matrices": d.matrices, "cpu_draft_fp16_mib": d.mib, "cpu_draft_fp16_why": d.why} \
+    out = {"cpu_draft_fp16_matrices": d.matrices, "cpu_draft_fp16_mib": d.mib, "cpu_draft_fp16_why": d.why,
+           "cpu_draft_int8_matrices": d.int8_matrices, "cpu_draft_int8_mib": d.int8_mib} \
         if d is not None else {"cpu_draft_fp16_matrices": None}
     if p is None:
         return dict(out, cpu_packed_rows=None, cpu_packed_mib=None)
@@ -448,6 +452,9 @@ def render_text(r: BenchReport) -> str:
     if c.get("cpu_draft_fp16_matrices") is not None:
         lines.append(f"  drafter half-width copies ({c['cpu_draft_fp16']}): {c['cpu_draft_fp16_matrices']} matrices, "
                      f"{c['cpu_draft_fp16_mib']:.0f} MiB ({c['cpu_draft_fp16_why']})")
+    if c.get("cpu_draft_int8_matrices"):
+        lines.append(f"  drafter int8 copies ({c['cpu_draft_int8']}): {c['cpu_draft_int8_matrices']} matrices, "
+                     f"{c['cpu_draft_int8_mib']:.0f} MiB")
     for k, v in r.failures.items():
         lines.append(f"  {k}: not measured ({v})")
     best = r.config.get("best")

@@ -10,6 +10,10 @@ checkpoint's weights, read into float32) stored once in FBGEMM's packed float16 
 (``torch.ops.quantized.linear_prepack_fp16``), multiplied by ``half_linear`` in float32 (FBGEMM widens each weight
 to float32 and accumulates in float32: the same numbers as ``F.linear`` within float32 rounding, over half the bytes),
 at every row count (a drafter's) or at the row counts its ``rows`` names (a target's, chosen like the packed ones).
+And a drafter's int8 copies (``Int8Set``): each matrix rounded to int8 per output row and multiplied by FBGEMM's
+dynamic int8 linear (``torch.ops.quantized.linear_dynamic``, the activations rounded to 8 bits per call): lossy, a
+quarter of the float32 bytes, for a drafter only, in the same registry and through the same ``half_for`` /
+``half_linear`` lookup as the half-width copies (a weight is in one set at a time).
 
 Why: on a CPU the BLAS behind ``F.linear`` re-reads a matrix in its row-major layout at every call and takes a
 slow path for a handful of rows; oneDNN's matmul over a copy already in its blocked layout streams the weights at
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 import weakref
 
 import torch
@@ -33,13 +38,16 @@ import torch
 PACK_MEMORY_SHARE = 0.5
 #: The dtypes packed: float32 (measured and tested); other dtypes keep ``linear``'s products.
 PACK_DTYPES = (torch.float32,)
+#: FBGEMM's dynamic int8 linear rounds the activations to 7 bits rather than 8 (torch's default for x86: the
+#: int16 pair sums of CPUs without VNNI cannot overflow).
+INT8_REDUCE_RANGE = True
 
 # id(weight) -> (a weak reference to the weight, its packed copy, the PackSet that owns it). Keyed by id and
 # checked by identity, so a lookup costs a dict access; an entry goes when its weight or its PackSet goes.
 _COPIES: dict[int, tuple[weakref.ref, torch.Tensor, "PackSet"]] = {}
-# id(weight) -> (a weak reference to the weight, its FBGEMM float16 parameters, the power of two they were scaled
-# by, the HalfSet that owns them): the half-width copies, looked up like ``_COPIES``
-_HALVES: dict[int, tuple[weakref.ref, object, float, "HalfSet"]] = {}
+# id(weight) -> (a weak reference to the weight, the product over the copy, its FBGEMM parameters, the power of two
+# the weight was scaled by, the HalfSet or Int8Set that owns them): the narrow copies, looked up like ``_COPIES``
+_HALVES: dict[int, tuple[weakref.ref, object, object, float, "HalfSet"]] = {}
 
 
 def supported() -> bool:
@@ -188,12 +196,15 @@ class HalfSet:
                 self.refused += 1
                 continue
             s, scaled = found
-            _take(_HALVES, w)
-            params = torch.ops.quantized.linear_prepack_fp16(scaled, None)
-            _HALVES[id(w)] = (weakref.ref(w, _forget(id(w), _HALVES)), params, 2.0 ** -s, self)
-            self._ids.append(id(w))
+            self._keep(w, _fp16_product, torch.ops.quantized.linear_prepack_fp16(scaled, None), 2.0 ** -s)
             mib += w.numel() * 2 / 2**20
         self.mib = mib
+
+    def _keep(self, w: torch.Tensor, product, params, scale: float) -> None:
+        """Register ``w``'s copy (``params``, multiplied by ``product``, the output times ``scale``) as this set's."""
+        _take(_HALVES, w)
+        _HALVES[id(w)] = (weakref.ref(w, _forget(id(w), _HALVES)), product, params, scale, self)
+        self._ids.append(id(w))
 
     @property
     def kept(self) -> int:
@@ -213,15 +224,51 @@ def half_for(w: torch.Tensor, rows: int):
     if not _HALVES or torch.compiler.is_compiling():
         return None
     entry = _HALVES.get(id(w))
-    if entry is None or entry[0]() is not w or (entry[3].rows is not None and rows not in entry[3].rows):
+    if entry is None or entry[0]() is not w or (entry[-1].rows is not None and rows not in entry[-1].rows):
         return None
-    return entry[1], entry[2]
+    return entry[1:4]
 
 
 def half_linear(x: torch.Tensor, half, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, w, b)`` over ``w``'s half-width copy (``half_for``): float32 in, float32 out."""
-    params, scale = half
-    y = torch.ops.quantized.linear_dynamic_fp16(x.contiguous(), params)
+    """``F.linear(x, w, b)`` over ``w``'s half-width (or int8) copy (``half_for``): float32 in, float32 out."""
+    product, params, scale = half
+    y = product(x.contiguous(), params)
     if scale != 1.0:
         y.mul_(scale)  # exact: a power of two
     return y if b is None else y + b
+
+
+def _fp16_product(x: torch.Tensor, params) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic_fp16(x, params)
+
+
+def _int8_product(x: torch.Tensor, params) -> torch.Tensor:
+    return torch.ops.quantized.linear_dynamic(x, params, INT8_REDUCE_RANGE)
+
+
+def int8_supported() -> bool:
+    """Whether this torch build has FBGEMM's dynamic int8 linear (x86 CPU builds)."""
+    return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
+
+
+class Int8Set(HalfSet):
+    """A drafter's int8 copies: each float32 matrix of ``weights`` rounded to int8 per output row (symmetric, the
+    row's largest magnitude at 127), multiplied by FBGEMM's dynamic int8 linear (the activations rounded to 8 bits
+    per call, int32 accumulation, float32 out). Lossy, so for a drafter only: its proposals may change, never the
+    tokens the target's verify keeps. Every row count runs on them; ``refused`` is always 0."""
+
+    def __init__(self, weights: list[torch.Tensor]):
+        self.rows, self._ids, self.refused = None, [], 0
+        mib = 0.0
+        for w in {id(w): w for w in weights}.values():
+            if not packable(w) or not w.numel():
+                self.refused += 1
+                continue
+            scales = (w.detach().abs().amax(dim=1).clamp_min(1e-30) / 127).double()
+            with warnings.catch_warnings():  # quantized tensors are deprecated; FBGEMM's prepack still takes one
+                warnings.simplefilter("ignore", UserWarning)
+                q = torch.quantize_per_channel(w.detach(), scales, torch.zeros(w.shape[0], dtype=torch.long), 0,
+                                               torch.qint8)
+            self._keep(w, _int8_product, torch.ops.quantized.linear_prepack(q, None), 1.0)
+            mib += w.numel() / 2**20
+        self.mib = mib
