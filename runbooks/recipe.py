@@ -13,6 +13,7 @@ from typing import Any
 from invoke import Exit
 
 from runbooks._common import cli_errors, emit, task
+from runbooks._options import BASELINE_NAME
 
 #: Tasks whose shared recipe values would change what they do: vocab.build's --target only renders --corpus
 #: text (with --dataset it is refused as having no effect), so a recipe's target is not given to it.
@@ -51,6 +52,11 @@ def task_options(ns: Any) -> dict:
     return out
 
 
+def _check_name(name: str, where: str) -> None:
+    """A step's record name under --record PREFIX: one the baselines take, or one line (before any step runs)."""
+    BASELINE_NAME(name, where)
+
+
 def _newest_checkpoint(folder):
     from eaglekb.training.checkpoints import list_checkpoints
 
@@ -69,10 +75,13 @@ def _newest_checkpoint(folder):
         "from_": "run from this step to the end",
         "run_dir": "the run folder (default .eaglekb/runs/<name>)",
         "resume": "skip the steps finished with the same command; finetune continues from its newest checkpoint",
+        "record": "record every step that records as PREFIX-STEP (probe@humaneval -> PREFIX-probe-humaneval), "
+                  "unless the step names its own record",
         "json": "print one JSON document as the last line",
     },
 )
-def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None, resume=False, json=False):
+def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None, resume=False, record=None,
+           json=False):
     """Run a recipe's steps in order, each as its own `invoke` command; state in the run folder."""
     with cli_errors():
         import tasks
@@ -81,7 +90,7 @@ def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None
 
         doc = run_recipe(file, task_options(tasks.ns), root=tasks.ROOT, sets=list(set or []), run_dir=run_dir,
                          only=only, start=from_, resume=bool(resume), dry_run=bool(dry_run),
-                         newest_checkpoint=_newest_checkpoint,
+                         record=record, check_name=_check_name, newest_checkpoint=_newest_checkpoint,
                          log=lambda line: print(line, flush=True))  # before the step's own output
     text = doc.pop("text")
     if doc["exit_code"]:
