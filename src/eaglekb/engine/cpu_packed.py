@@ -134,14 +134,23 @@ def target_step(engine) -> Callable[[int], None]:
     return step
 
 
-def _refusal(target, compiled: bool) -> str | None:
-    """Why this target cannot run packed (None: it can)."""
-    if not packed.supported():
-        return "this torch build has no oneDNN (mkldnn) packed linear"
-    if target.dtype not in packed.PACK_DTYPES:
-        return f"packed copies are float32 only, the target is {str(target.dtype).replace('torch.', '')}"
+#: Each kind of weight copy: the check (in eaglekb.models.packed) that this torch build has its product, and what
+#: the build lacks otherwise.
+_BUILDS = {"packed": ("supported", "oneDNN (mkldnn) packed linear"),
+           "half-width": ("half_supported", "FBGEMM float16-weight linear"),
+           "int8": ("int8_supported", "FBGEMM dynamic int8 linear")}
+
+
+def _copy_refusal(kind: str, model, compiled: bool, what: str) -> str | None:
+    """Why this model (``what``: target or drafter) cannot run copies of ``kind`` (None: it can)."""
+    check, lacks = _BUILDS[kind]
+    if not getattr(packed, check)():
+        return f"this torch build has no {lacks}"
+    if model.dtype not in packed.PACK_DTYPES:
+        return (f"{kind} copies are float32 only: the {what} is "
+                f"{str(model.dtype).replace('torch.', '')}")
     if compiled:
-        return "the compiled layers keep F.linear (packed copies run in eager steps)"
+        return f"the compiled {what} layers keep F.linear ({kind} copies run in eager steps)"
     return None
 
 
@@ -150,7 +159,7 @@ def _make(name: str, mode: str, target, weights, compiled: bool, room: float | N
     line saying why none; ``on`` refused in one line where they cannot run, a matrix would round, or they exceed
     ``room``."""
     flag = f"{FLAGS[name]} on"
-    cannot = _refusal(target, compiled) if name == "packed" else _half_refusal(target, compiled, "target")
+    cannot = _copy_refusal("packed" if name == "packed" else "half-width", target, compiled, "target")
     mib = packed.copies_mib(weights) / (2 if name == "fp16" else 1)
     if mode == "on" and cannot:
         raise BadInput(f"{'packed' if name == 'packed' else 'half-width'} products cannot run here", where=flag,
@@ -302,7 +311,7 @@ def draft_setup(drafter, mode: str, *, int8: str = "off", compiled: bool = False
     out = DraftHalves(mode, int8=int8)
     rest = list(DRAFT_MATRICES)
     if int8 != "off":
-        cannot = _int8_refusal(drafter, compiled)
+        cannot = _copy_refusal("int8", drafter, compiled, "drafter")
         if cannot and int8 == "on":
             raise BadInput("int8 drafter copies cannot run here", where="--cpu-draft-int8 on", expected="auto or off",
                            found=cannot)
@@ -321,7 +330,7 @@ def _draft_fp16(drafter, mode: str, names: list[str], compiled: bool) -> str:
     none."""
     if mode == "off":
         return "off: the drafter's products in float32 over its float32 matrices"
-    cannot = _half_refusal(drafter, compiled, "drafter")
+    cannot = _copy_refusal("half-width", drafter, compiled, "drafter")
     if cannot:
         if mode == "on":
             raise BadInput("half-width drafter copies cannot run here", where="--cpu-draft-fp16 on",
@@ -335,23 +344,3 @@ def _draft_fp16(drafter, mode: str, names: list[str], compiled: bool) -> str:
     return f"{halves.kept} of {len(weights)} matrices held exactly by float16 after a power-of-two scale"
 
 
-def _int8_refusal(model, compiled: bool) -> str | None:
-    """Why this drafter cannot run int8 copies (None: it can)."""
-    if not packed.int8_supported():
-        return "this torch build has no FBGEMM dynamic int8 linear"
-    if model.dtype not in packed.PACK_DTYPES:
-        return f"int8 copies are for a float32 drafter, this one is {str(model.dtype).replace('torch.', '')}"
-    if compiled:
-        return "the compiled drafter layers keep F.linear (int8 copies run in eager steps)"
-    return None
-
-
-def _half_refusal(model, compiled: bool, what: str) -> str | None:
-    """Why this model (``what``: drafter or target) cannot run half-width copies (None: it can)."""
-    if not packed.half_supported():
-        return "this torch build has no FBGEMM float16-weight linear"
-    if model.dtype not in packed.PACK_DTYPES:
-        return f"half-width copies are for a float32 {what}, this one is {str(model.dtype).replace('torch.', '')}"
-    if compiled:
-        return f"the compiled {what} layers keep F.linear (half-width copies run in eager steps)"
-    return None
