@@ -53,7 +53,7 @@ def task_options(ns: Any) -> dict:
 
 
 def _check_name(name: str, where: str) -> None:
-    """A step's record name under --record PREFIX: one the baselines take, or one line (before any step runs)."""
+    """A step's record name under --record-prefix PREFIX: one the baselines take, or one line (before any step runs)."""
     BASELINE_NAME(name, where)
 
 
@@ -75,13 +75,13 @@ def _newest_checkpoint(folder):
         "from_": "run from this step to the end",
         "run_dir": "the run folder (default .eaglekb/runs/<name>)",
         "resume": "skip the steps finished with the same command; finetune continues from its newest checkpoint",
-        "record": "record every step that records as PREFIX-STEP (probe@humaneval -> PREFIX-probe-humaneval), "
+        "record_prefix": "record every step that records as PREFIX-STEP (probe@humaneval -> PREFIX-probe-humaneval), "
                   "unless the step names its own record",
         "json": "print one JSON document as the last line",
     },
 )
-def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None, resume=False, record=None,
-           json=False):
+def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None, resume=False,
+           record_prefix=None, json=False):
     """Run a recipe's steps in order, each as its own `invoke` command; state in the run folder."""
     with cli_errors():
         import tasks
@@ -90,7 +90,7 @@ def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None
 
         doc = run_recipe(file, task_options(tasks.ns), root=tasks.ROOT, sets=list(set or []), run_dir=run_dir,
                          only=only, start=from_, resume=bool(resume), dry_run=bool(dry_run),
-                         record=record, check_name=_check_name, newest_checkpoint=_newest_checkpoint,
+                         record_prefix=record_prefix, check_name=_check_name, newest_checkpoint=_newest_checkpoint,
                          log=lambda line: print(line, flush=True))  # before the step's own output
     text = doc.pop("text")
     if doc["exit_code"]:

@@ -246,21 +246,21 @@ def test_record_prefix_names_each_recording_step_once_and_keeps_a_steps_own(tmp_
     rec = load(tmp_path, SMALL.replace('  probe: {drafter: "{run}/train/drafter", num_prompts: 2}',
                                        '  probe: {drafter: "{run}/train/drafter", num_prompts: 2, record: mine}\n'
                                        '  probe@chat: {drafter: "{run}/train/drafter", prompts: builtin}'),
-               record="run1")
+               record_prefix="run1")
     names = {s.key: s.options.get("record") for s in rec.steps}
     assert names == {"datagen": "run1-datagen", "vocab.build": "run1-vocab-build", "finetune": "run1-finetune",
                      "probe": "mine", "probe@chat": "run1-probe-chat", "bench": "run1-bench"}
     assert all(f"--record {n}" in s.command for s, n in zip(rec.steps, names.values()))
     seen: list[str] = []
-    lib.load(write(tmp_path), SPECS, root=ROOT, run_dir=tmp_path / "run", record="x",
+    lib.load(write(tmp_path), SPECS, root=ROOT, run_dir=tmp_path / "run", record_prefix="x",
              check_name=lambda name, where: seen.append(f"{where}: {name}"))
-    assert seen[0] == "--record x: x-datagen" and len(seen) == 5
+    assert seen[0] == "--record-prefix x: x-datagen" and len(seen) == 5
 
 
 def test_a_record_prefix_the_baselines_refuse_is_one_line_before_any_step(tmp_path):
     path = write(tmp_path)
     out = subprocess.run([sys.executable, "-m", "invoke", "recipe", str(path), "--run-dir", str(tmp_path / "run"),
-                          "--record", "a" * 95], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          "--record-prefix", "a" * 95], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip().splitlines()[-1].startswith("error: not an accepted value; in --record aaa")
+    assert out.stderr.strip().splitlines()[-1].startswith("error: not an accepted value; in --record-prefix aaa")
     assert not (tmp_path / "run").exists()

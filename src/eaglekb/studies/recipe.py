@@ -223,16 +223,17 @@ def _run_folder(name: str, run_dir: str | Path | None, root: Path) -> tuple[Path
 
 
 def record_name(prefix: str, key: str) -> str:
-    """The record a step writes under ``--record PREFIX``: PREFIX-KEY with '@' and '.' as '-' (probe@humaneval ->
+    """The record a step writes under ``--record-prefix PREFIX``: PREFIX-KEY with '@' and '.' as '-' (probe@humaneval ->
     PREFIX-probe-humaneval, vocab.build -> PREFIX-vocab-build): one name per step, distinct across kinds."""
     return f"{prefix}-" + re.sub(r"[^a-z0-9_-]", "-", key.lower())
 
 
 def load(path: str | Path, tasks: dict[str, TaskOptions], *, sets: list[str] | None = None,
-         run_dir: str | Path | None = None, root: str | Path = ".", record: str | None = None,
+         run_dir: str | Path | None = None, root: str | Path = ".", record_prefix: str | None = None,
          check_name: Callable[[str, str], None] = lambda name, where: None) -> Recipe:
-    """Read, override, check and expand a recipe; each step's command built (``Step.argv``). With ``record``,
-    every step whose task records and that names no record of its own records as ``record_name(record, key)``;
+    """Read, override, check and expand a recipe; each step's command built (``Step.argv``). With
+    ``record_prefix``, every step whose task records and that names no record of its own records as
+    ``record_name(record_prefix, key)``;
     ``check_name(name, where)`` refuses a name the baselines would not take, before any step runs."""
     file = str(path)
     doc = override(read(path), sets, file)
@@ -261,9 +262,9 @@ def load(path: str | Path, tasks: dict[str, TaskOptions], *, sets: list[str] | N
                 raise _bad(f"not an option of {spec.command}", f"{where}.{opt}", f"an option of {spec.command}",
                            opt, sorted(spec.options))
             given[norm] = _expand(value, names, f"{where}.{opt}")
-        if record and "record" in spec.options and given.get("record") is None:
-            given["record"] = record_name(record, str(key))
-            check_name(given["record"], f"--record {record}")
+        if record_prefix and "record" in spec.options and given.get("record") is None:
+            given["record"] = record_name(record_prefix, str(key))
+            check_name(given["record"], f"--record-prefix {record_prefix}")
         step = Step(key=str(key), task=task, options=given)
         step.argv = _argv(step, spec, {"target": target, "device": device, "nproc": nproc if nproc > 1 else None},
                           where)
@@ -471,14 +472,14 @@ def check_file(path: str | Path) -> Path:
 
 def run_recipe(path: str | Path, tasks: dict[str, TaskOptions], *, root: str | Path, sets: list[str] | None = None,
                run_dir: str | Path | None = None, only: str | None = None, start: str | None = None,
-               resume: bool = False, dry_run: bool = False, record: str | None = None,
+               resume: bool = False, dry_run: bool = False, record_prefix: str | None = None,
                check_name: Callable[[str, str], None] = lambda name, where: None,
                newest_checkpoint: Callable[[Path], Path | None] = lambda out: None,
                runner: Runner = run_command, log: Callable[[str], None] = lambda line: None) -> dict:
     """``invoke recipe``: read and check the recipe, choose and plan its steps, then print the plan
     (``dry_run``) or run it. Returns the run's document; ``exit_code`` is the failing step's code (0: none)."""
-    recipe = load(check_file(path), tasks, sets=sets, run_dir=run_dir, root=root, record=record,
-                  check_name=check_name)
+    recipe = load(check_file(path), tasks, sets=sets, run_dir=run_dir, root=root,
+                  record_prefix=record_prefix, check_name=check_name)
     if recipe.run.exists() and not recipe.run.is_dir():  # refused before any step runs, not after the first
         raise BadInput("run folder is not a folder", where=f"--run-dir {run_dir}" if run_dir else str(recipe.run),
                        expected="a folder (or a path that does not exist yet)", found="a file")
