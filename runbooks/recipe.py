@@ -52,11 +52,6 @@ def task_options(ns: Any) -> dict:
     return out
 
 
-def _check_name(name: str, where: str) -> None:
-    """A step's record name under --record-prefix PREFIX: one the baselines take, or one line (before any step runs)."""
-    BASELINE_NAME(name, where)
-
-
 def _newest_checkpoint(folder):
     from eaglekb.training.checkpoints import list_checkpoints
 
@@ -76,7 +71,7 @@ def _newest_checkpoint(folder):
         "run_dir": "the run folder (default .eaglekb/runs/<name>)",
         "resume": "skip the steps finished with the same command; finetune continues from its newest checkpoint",
         "record_prefix": "record every step that records as PREFIX-STEP (probe@humaneval -> PREFIX-probe-humaneval), "
-                  "unless the step names its own record",
+                         "unless the step names its own record",
         "json": "print one JSON document as the last line",
     },
 )
@@ -90,7 +85,7 @@ def recipe(c, file, set=None, dry_run=False, only=None, from_=None, run_dir=None
 
         doc = run_recipe(file, task_options(tasks.ns), root=tasks.ROOT, sets=list(set or []), run_dir=run_dir,
                          only=only, start=from_, resume=bool(resume), dry_run=bool(dry_run),
-                         record_prefix=record_prefix, check_name=_check_name, newest_checkpoint=_newest_checkpoint,
+                         record_prefix=record_prefix, check_name=BASELINE_NAME, newest_checkpoint=_newest_checkpoint,
                          log=lambda line: print(line, flush=True))  # before the step's own output
     text = doc.pop("text")
     if doc["exit_code"]:

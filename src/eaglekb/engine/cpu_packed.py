@@ -134,23 +134,23 @@ def target_step(engine) -> Callable[[int], None]:
     return step
 
 
-#: Each kind of weight copy: the check (in eaglekb.models.packed) that this torch build has its product, and what
-#: the build lacks otherwise.
-_BUILDS = {"packed": ("supported", "oneDNN (mkldnn) packed linear"),
-           "half-width": ("half_supported", "FBGEMM float16-weight linear"),
-           "int8": ("int8_supported", "FBGEMM dynamic int8 linear")}
+#: Each kind of weight copy: its name in messages, the check (in eaglekb.models.packed) that this torch build has its
+#: product, and what the build lacks otherwise.
+_BUILDS = {"packed": ("packed", "supported", "oneDNN (mkldnn) packed linear"),
+           "fp16": ("half-width", "half_supported", "FBGEMM float16-weight linear"),
+           "int8": ("int8", "int8_supported", "FBGEMM dynamic int8 linear")}
 
 
 def _copy_refusal(kind: str, model, compiled: bool, what: str) -> str | None:
     """Why this model (``what``: target or drafter) cannot run copies of ``kind`` (None: it can)."""
-    check, lacks = _BUILDS[kind]
+    label, check, lacks = _BUILDS[kind]
     if not getattr(packed, check)():
         return f"this torch build has no {lacks}"
     if model.dtype not in packed.PACK_DTYPES:
-        return (f"{kind} copies are float32 only: the {what} is "
+        return (f"{label} copies are float32 only: the {what} is "
                 f"{str(model.dtype).replace('torch.', '')}")
     if compiled:
-        return f"the compiled {what} layers keep F.linear ({kind} copies run in eager steps)"
+        return f"the compiled {what} layers keep F.linear ({label} copies run in eager steps)"
     return None
 
 
@@ -158,14 +158,14 @@ def _make(name: str, mode: str, target, weights, compiled: bool, room: float | N
     """The copies of kind ``name`` for ``mode`` (``on`` or ``auto``) within ``room`` MiB (None: unknown), or the one
     line saying why none; ``on`` refused in one line where they cannot run, a matrix would round, or they exceed
     ``room``."""
-    flag = f"{FLAGS[name]} on"
-    cannot = _copy_refusal("packed" if name == "packed" else "half-width", target, compiled, "target")
+    flag, label = f"{FLAGS[name]} on", _BUILDS[name][0]
+    cannot = _copy_refusal(name, target, compiled, "target")
     mib = packed.copies_mib(weights) / (2 if name == "fp16" else 1)
     if mode == "on" and cannot:
-        raise BadInput(f"{'packed' if name == 'packed' else 'half-width'} products cannot run here", where=flag,
+        raise BadInput(f"{label} products cannot run here", where=flag,
                        expected="auto or off", found=cannot)
     if mode == "on" and room is not None and mib > room:
-        raise BadInput(f"{'packed' if name == 'packed' else 'half-width'} weight copies do not fit in memory",
+        raise BadInput(f"{label} weight copies do not fit in memory",
                        where=flag, expected=f"at most {room:,.0f} MiB (available now)", found=f"{mib:,.0f} MiB",
                        fix=f"use {FLAGS[name]} auto or off")
     if mode == "auto" and cannot:
@@ -330,7 +330,7 @@ def _draft_fp16(drafter, mode: str, names: list[str], compiled: bool) -> str:
     none."""
     if mode == "off":
         return "off: the drafter's products in float32 over its float32 matrices"
-    cannot = _copy_refusal("half-width", drafter, compiled, "drafter")
+    cannot = _copy_refusal("fp16", drafter, compiled, "drafter")
     if cannot:
         if mode == "on":
             raise BadInput("half-width drafter copies cannot run here", where="--cpu-draft-fp16 on",

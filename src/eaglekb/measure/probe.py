@@ -289,8 +289,7 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     max_len = runsetup.cache_len(prompts, cfg.max_new_tokens, spec.draft_tokens, limit=loaded.target.max_len)
     graphs = cfg.graphs and cfg.device.startswith("cuda")
     # the drafter as trained: int8 copies would measure their rounding, not the checkpoint (half-width ones are exact)
-    int8 = "off" if loaded.target.device.type == "cpu" else "auto"
-    engine = Engine(loaded.target, loaded.drafter, max_len=max_len, seed=cfg.seed, graphs=graphs, cpu_draft_int8=int8)
+    engine = Engine(loaded.target, loaded.drafter, max_len=max_len, seed=cfg.seed, graphs=graphs, cpu_draft_int8="off")
     for p in prompts:
         engine.check_fits(len(p), cfg.max_new_tokens, spec.nodes)
     online_m, offline_m, base_tps, stats = _probe_one(engine, loaded.drafter, prompts, cfg, loaded.eos_ids,
@@ -320,7 +319,7 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     }
     if loaded.reference is not None:
         ref_engine = Engine(loaded.target, loaded.reference, max_len=max_len, seed=cfg.seed, graphs=graphs,
-                            cpu_draft_int8=int8)
+                            cpu_draft_int8="off")
         r_on, r_off, _, _ = _probe_one(ref_engine, loaded.reference, prompts, cfg, loaded.eos_ids, progress,
                                        "reference")
         metrics["reference"] = {"online": r_on, "offline": r_off}

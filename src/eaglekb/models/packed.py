@@ -189,22 +189,27 @@ class HalfSet:
         self.rows = rows
         self._ids: list[int] = []
         self.refused = 0
-        mib = 0.0
+        self.mib = 0.0
         for w in {id(w): w for w in weights}.values():  # each matrix once
-            found = _half_scaled(w)
-            if found is None:
+            made = self._copy(w)
+            if made is None:
                 self.refused += 1
                 continue
-            s, scaled = found
-            self._keep(w, _fp16_product, torch.ops.quantized.linear_prepack_fp16(scaled, None), 2.0 ** -s)
-            mib += w.numel() * 2 / 2**20
-        self.mib = mib
+            product, params, scale, mib = made
+            _take(_HALVES, w)  # a weight is in one set at a time
+            _HALVES[id(w)] = (weakref.ref(w, _forget(id(w), _HALVES)), product, params, scale, self)
+            self._ids.append(id(w))
+            self.mib += mib
 
-    def _keep(self, w: torch.Tensor, product, params, scale: float) -> None:
-        """Register ``w``'s copy (``params``, multiplied by ``product``, the output times ``scale``) as this set's."""
-        _take(_HALVES, w)
-        _HALVES[id(w)] = (weakref.ref(w, _forget(id(w), _HALVES)), product, params, scale, self)
-        self._ids.append(id(w))
+    @staticmethod
+    def _copy(w: torch.Tensor):
+        """``w``'s copy as (product, its FBGEMM parameters, the output scale, MiB), or None where float16 would
+        round it."""
+        found = _half_scaled(w)
+        if found is None:
+            return None
+        s, scaled = found
+        return _fp16_product, torch.ops.quantized.linear_prepack_fp16(scaled, None), 2.0 ** -s, w.numel() * 2 / 2**20
 
     @property
     def kept(self) -> int:
@@ -255,20 +260,19 @@ class Int8Set(HalfSet):
     """A drafter's int8 copies: each float32 matrix of ``weights`` rounded to int8 per output row (symmetric, the
     row's largest magnitude at 127), multiplied by FBGEMM's dynamic int8 linear (the activations rounded to 8 bits
     per call, int32 accumulation, float32 out). Lossy, so for a drafter only: its proposals may change, never the
-    tokens the target's verify keeps. Every row count runs on them; ``refused`` is always 0."""
+    tokens the target's verify keeps. Every row count runs on them; ``refused`` counts the matrices that are not
+    CPU float32 ones."""
 
     def __init__(self, weights: list[torch.Tensor]):
-        self.rows, self._ids, self.refused = None, [], 0
-        mib = 0.0
-        for w in {id(w): w for w in weights}.values():
-            if not packable(w) or not w.numel():
-                self.refused += 1
-                continue
-            scales = (w.detach().abs().amax(dim=1).clamp_min(1e-30) / 127).double()
-            with warnings.catch_warnings():  # quantized tensors are deprecated; FBGEMM's prepack still takes one
-                warnings.simplefilter("ignore", UserWarning)
-                q = torch.quantize_per_channel(w.detach(), scales, torch.zeros(w.shape[0], dtype=torch.long), 0,
-                                               torch.qint8)
-            self._keep(w, _int8_product, torch.ops.quantized.linear_prepack(q, None), 1.0)
-            mib += w.numel() / 2**20
-        self.mib = mib
+        super().__init__(weights, rows=None)
+
+    @staticmethod
+    def _copy(w: torch.Tensor):
+        if not packable(w) or not w.numel():
+            return None
+        scales = (w.detach().abs().amax(dim=1).clamp_min(1e-30) / 127).double()
+        with warnings.catch_warnings():  # quantized tensors are deprecated; FBGEMM's prepack still takes one
+            warnings.simplefilter("ignore", UserWarning)
+            q = torch.quantize_per_channel(w.detach(), scales, torch.zeros(w.shape[0], dtype=torch.long), 0,
+                                           torch.qint8)
+        return _int8_product, torch.ops.quantized.linear_prepack(q, None), 1.0, w.numel() / 2**20
