@@ -111,7 +111,7 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         "threads": "torch CPU threads (default: torch's choice; 1 is fastest on a loaded shared machine)",
         "amp": "CUDA autocast of the TTT forward: bfloat16 (default on CUDA; float32 master weights) or none "
                "(float32); a CPU run trains in float32, --amp bfloat16 there is refused",
-        "compile": "torch.compile of the TTT unroll: auto (on with CUDA), on, off; a compile error falls back to eager",
+        "compile": "torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, off; a compile error falls back to eager",
         "loss_chunk": "positions per chunk of the draft-vocab loss, no full logits (default 4096); 0: full logits",
         "profile": "report where a step's time goes per phase (CUDA events on a GPU, wall clock on CPU)",
         "resume_from": "a folder of checkpoint pieces (--pieces-out of an earlier run): checked, joined into --out, "

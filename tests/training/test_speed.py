@@ -1,4 +1,5 @@
-"""The training speed levers change no result: chunked loss, compiled unroll, bf16 autocast, profile, features once.
+"""The training speed levers change no result: chunked loss, compiled unroll and loss, bf16 autocast, profile, features
+once.
 
 Each lever against its reference on the same tiny batch: the loss, the per-step counts and every parameter's
 gradient, within the tolerance the test states (float32: 1e-5; bfloat16 autocast: 2e-2 on the loss, 5e-2 on the
@@ -107,10 +108,39 @@ def test_a_compiled_run_trains_as_the_eager_run(data, tmp_path, monkeypatch, bac
     monkeypatch.setattr(ttt, "COMPILE_BACKEND", backend)
     eager = train(cfg_for(data, tmp_path / "eager", steps=4, compile="off", batching="length"), progress=False)
     fast = train(cfg_for(data, tmp_path / "fast", steps=4, compile="on", batching="length"), progress=False)
-    assert fast["speed"]["compiled_unroll"] and fast["speed"]["compile_error"] is None and not fast["notes"]
+    assert fast["speed"]["compiled_unroll"] and fast["speed"]["compiled_loss"]
+    assert fast["speed"]["compile_error"] is None and not fast["notes"]
     for step, loss in eager["history"]["train_loss"].items():
         assert fast["history"]["train_loss"][step] == pytest.approx(loss, rel=1e-5, abs=1e-6)
     assert fast["val"]["loss"] == pytest.approx(eager["val"]["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("soft", [True, False], ids=["soft", "hard"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_compiled_loss_chunks_equal_eager(soft, backend, monkeypatch):
+    """The loss's chunk through torch.compile (``compile_loss``): loss, counts and gradients as the eager chunk, and
+    one graph for chunks of several lengths (chunks of 5 over the batch's loss positions: the last is shorter)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend(backend)
+    monkeypatch.setattr(ttt, "COMPILE_BACKEND", counter)
+    ref_loss, ref_stats, ref_grads = _run(_model(5, soft), _batch(soft))
+    model = _model(5, soft)
+    model.compile_loss()
+    loss, stats, grads = _run(model, _batch(soft))
+    assert model.compiled_loss and not model.compiled and model.compile_error is None
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert torch.equal(stats[:, 1:], ref_stats[:, 1:])
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert counter.frame_count == 1
+
+
+def test_full_logits_compile_no_loss():
+    """With full logits (``loss_chunk`` 0) there is no chunk to compile: ``compile_loss`` leaves the loss eager."""
+    model = _model(0)
+    model.compile_loss()
+    assert not model.compiled_loss
 
 
 def _broken_backend(gm, example_inputs):
@@ -122,12 +152,13 @@ def test_a_failing_compile_falls_back_to_the_eager_unroll(data, tmp_path, monkey
     monkeypatch.setattr(ttt, "COMPILE_BACKEND", _broken_backend)
     model = _model(4096)
     model.compile_unroll()
+    model.compile_loss()
     loss, _, _ = _run(model, _batch(True))
-    assert not model.compiled and "no compiler here" in model.compile_error
+    assert not model.compiled and not model.compiled_loss and "no compiler here" in model.compile_error
     torch.testing.assert_close(loss, _run(_model(4096), _batch(True))[0])
     eager = train(cfg_for(data, tmp_path / "eager", steps=3, compile="off"), progress=False)
     broken = train(cfg_for(data, tmp_path / "broken", steps=3, compile="on"), progress=False)
-    assert any("torch.compile of the TTT unroll failed" in n for n in broken["notes"])
+    assert any("torch.compile of the TTT unroll and loss failed" in n for n in broken["notes"])
     assert not broken["speed"]["compiled_unroll"] and "no compiler here" in broken["speed"]["compile_error"]
     assert broken["history"]["train_loss"] == eager["history"]["train_loss"]
 

@@ -16,7 +16,7 @@ from eaglekb.io.errors import BadInput, SchemaError
 POSITIONS = ("runtime", "specforge")
 #: Autocast dtypes of the TTT forward on CUDA ("none": float32); the CPU runs float32.
 AMP = ("bfloat16", "none")
-#: torch.compile of the TTT unroll: auto (on with CUDA), on, off.
+#: torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, off.
 COMPILE = ("auto", "on", "off")
 #: How sequences form batches: shuffled, or shuffled then grouped by length (same epoch, less padding).
 BATCHING = ("random", "length")
@@ -64,7 +64,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     device: str = "auto"  # auto, cpu, cuda
     amp: str = "bfloat16"  # autocast dtype on CUDA (bfloat16 or none); CPU runs float32
-    compile: str = "auto"  # torch.compile of the TTT unroll: auto (on with CUDA), on, off; errors fall back to eager
+    compile: str = "auto"  # torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, off; errors fall back to eager
     loss_chunk: int = 4096  # positions per chunk of the draft-vocab loss (no full logits); 0: full logits
     profile: bool = False  # time each phase of a step (CUDA events on a GPU, wall clock on CPU)
     online_target: str | None = None  # target folder for data with online features

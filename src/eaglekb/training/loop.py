@@ -99,6 +99,7 @@ def prepare(cfg: TrainConfig) -> Run:
                          positions=cfg.positions, loss_chunk=cfg.loss_chunk).to(device)
     if wants_compile(cfg.compile, device):
         model.compile_unroll()
+        model.compile_loss()
     total = cfg.steps or max(1, math.ceil(cfg.epochs * len(train_idx) / cfg.batch_size))
     fingerprint = {k: getattr(cfg, k) for k in TrainConfig.FINGERPRINT}
     fingerprint.update(total_steps=total, data=ds.manifest["identity_hash"],
@@ -344,11 +345,12 @@ def _record_val(run: Run, history: dict, step: int, log: Log | None, rank: int) 
 
 
 def _compile_first(run: Run, items: list[int]) -> None:
-    """Compile the unroll on the first batch before the first step (not timed in it); eager if that fails."""
+    """Compile the unroll and the loss's chunk on the first batch before the first step (not timed in it); eager if
+    that fails."""
     batch, norms = _batch(run, items)
     if probe_compile(run.model, batch, norms, _autocast(run)):
-        run.notes.append(f"torch.compile of the TTT unroll failed ({run.model.compile_error}): the eager unroll ran "
-                         "instead")
+        run.notes.append(f"torch.compile of the TTT unroll and loss failed ({run.model.compile_error}): the eager "
+                         "unroll and loss ran instead")
 
 
 def _over_budget(cfg: TrainConfig, began: float, device: torch.device) -> bool:
@@ -372,7 +374,7 @@ def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> No
     rank, world = dist_info()
     lengths = sequence_lengths(run.dataset, cfg.max_len) if cfg.batching == "length" else None
     batches = Batches(run.dataset, run.train_idx, cfg.batch_size, cfg.max_len, cfg.seed, lengths)
-    if run.model.compiled and p.start < run.total_steps:
+    if (run.model.compiled or run.model.compiled_loss) and p.start < run.total_steps:
         _compile_first(run, batches.items(p.start))
     ddp = _wrap(run, world)
     prof = StepProfile(run.device, cfg.profile)

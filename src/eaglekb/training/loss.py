@@ -14,7 +14,9 @@ state times its lm_head rows of the draft vocab; hard: the target's argmax) and 
   any time and the backward is two scalings (``_ChunkedCE``, Liger-kernel style). The GEMMs run in ``dtype`` (the
   autocast dtype under ``--amp``), softmax and sums in float32. The other positions the batch holds (``rows``:
   padding left out; prompt tokens, predictions past a turn) get the argmax only, without gradient work. Equal to
-  the reference up to float rounding (tests: loss and gradients within 1e-5 in float32).
+  the reference up to float rounding (tests: loss and gradients within 1e-5 in float32). Each chunk's passes
+  over its ``[n,Vd]`` logits are ``chunk_terms``, a pure function that ``--compile`` runs through ``torch.compile``
+  (the caller holds the compiled function and passes it as ``terms``).
 
 Knows nothing about TTT alignment (the caller shifts targets and masks), data, optimisers or the task runner.
 """
@@ -28,30 +30,24 @@ class _ChunkedCE(torch.autograd.Function):
     """``sum(pm * CE(x @ w.T, target))`` over ``x [N,H]``, chunk by chunk; the gradients are formed in the forward."""
 
     @staticmethod
-    def forward(ctx, x, weight, tpos, pm, th, head, chunk: int, dtype):
+    def forward(ctx, x, weight, tpos, pm, th, head, chunk: int, dtype, terms):
         gx = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         gw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         preds = torch.empty(x.shape[0], dtype=torch.long, device=x.device)
         w = weight.detach().to(dtype)
         h = head.to(dtype) if head is not None else None
+        compiled = terms is not None
+        terms = terms or chunk_terms
         for a in range(0, x.shape[0], chunk):
             xc = x[a:a + chunk].detach().to(dtype)
-            logits = (xc @ w.t()).float()
-            preds[a:a + chunk] = logits.argmax(-1)
-            logp = logits.log_softmax(-1)
-            g = logp.exp()
-            if h is not None:
-                q = (th[a:a + chunk].to(dtype) @ h.t()).float().softmax(-1)
-                ce = -(q * logp).sum(-1)
-                g = g - q
-            else:
-                t = tpos[a:a + chunk].clamp_min(0)[:, None]
-                ce = -logp.gather(-1, t).squeeze(-1)
-                g = g.scatter_add(-1, t, torch.full(t.shape, -1.0, device=x.device))
+            target = th[a:a + chunk].to(dtype) if h is not None else tpos[a:a + chunk].clamp_min(0)[:, None]
             pmc = pm[a:a + chunk].float()
-            loss = loss + (ce * pmc).sum()
-            g = (g * pmc[:, None]).to(dtype)
+            if compiled:  # one graph for every chunk length (the last chunk of a step is shorter)
+                for t in (xc, target, pmc):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+            ce, preds[a:a + chunk], g = terms(xc, w, target, h, pmc)
+            loss = loss + ce
             gx[a:a + chunk] = (g @ w).float()
             gw += (g.t() @ xc).float()
         ctx.save_for_backward(gx, gw)
@@ -63,7 +59,29 @@ class _ChunkedCE(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_preds):
         gx, gw = ctx.saved_tensors
         return ((gx * grad_loss).to(ctx.dtypes[0]), (gw * grad_loss).to(ctx.dtypes[1]),
-                None, None, None, None, None, None)
+                None, None, None, None, None, None, None)
+
+
+def chunk_terms(xc, w, target, head, pmc):
+    """One chunk of the chunked loss: ``(sum(pmc * CE), the drafter's argmax, the logits' gradient in xc's dtype)``.
+
+    ``xc [n,H]`` and ``w [Vd,H]`` in the GEMM dtype; ``target``: the target's final hidden ``[n,H]`` with ``head
+    [Vd,H]`` (soft targets), or the draft ids ``[n,1]`` with ``head`` None (hard); ``pmc [n]`` float32 weights.
+    Softmax and sums in float32. A pure function of its tensors: what ``--compile`` hands to ``torch.compile``, which
+    fuses the passes over the ``[n,Vd]`` logits (float cast, argmax, log-softmax, exp, the target's softmax, the
+    products and sums) that the eager chunk makes one by one."""
+    logits = (xc @ w.t()).float()
+    preds = logits.argmax(-1)
+    logp = logits.log_softmax(-1)
+    g = logp.exp()
+    if head is not None:
+        q = (target @ head.t()).float().softmax(-1)
+        ce = -(q * logp).sum(-1)
+        g = g - q
+    else:
+        ce = -logp.gather(-1, target).squeeze(-1)
+        g = g.scatter_add(-1, target, torch.full(target.shape, -1.0, dtype=g.dtype, device=g.device))
+    return (ce * pmc).sum(), preds, (g * pmc[:, None]).to(xc.dtype)
 
 
 def compute_dtype(device: torch.device) -> torch.dtype:
@@ -74,13 +92,14 @@ def compute_dtype(device: torch.device) -> torch.dtype:
 
 def step_loss(drafter, hidden: torch.Tensor, tpos: torch.Tensor, pm: torch.Tensor, *, soft: torch.Tensor | None,
               soft_hidden: torch.Tensor | None, soft_head: torch.Tensor | None, rows: torch.Tensor | None,
-              chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+              chunk: int, terms=None) -> tuple[torch.Tensor, torch.Tensor]:
     """(summed CE over the loss positions, the drafter's argmax draft ids ``[B,T]``) of one TTT step.
 
     ``tpos [B,T]``: the target token's draft id (-1: outside the draft vocab); ``pm [B,T]``: loss weights;
     ``soft``: the full soft targets ``[B,T,Vd]`` (reference path), or ``soft_hidden [B,T,H]`` (the target's final
     hidden state at the predicted position) with ``soft_head [Vd,H]`` (chunked path); neither: hard targets.
-    ``rows [B,T]`` (bool): the positions to compute in the chunked path (padding left out)."""
+    ``rows [B,T]`` (bool): the positions to compute in the chunked path (padding left out). ``terms``: a compiled
+    ``chunk_terms`` (``torch.compile``), or None for the eager one."""
     if chunk <= 0:
         logits = drafter.logits(hidden)
         logp = logits.float().log_softmax(-1)
@@ -100,7 +119,7 @@ def step_loss(drafter, hidden: torch.Tensor, tpos: torch.Tensor, pm: torch.Tenso
     th = soft_hidden.reshape(b * t, -1).index_select(0, grad_rows) if soft_hidden is not None else None
     loss, pred = _ChunkedCE.apply(flat.index_select(0, grad_rows), drafter.lm_head.weight,
                                   tpos.reshape(-1).index_select(0, grad_rows), flat_pm.index_select(0, grad_rows), th,
-                                  soft_head if soft_hidden is not None else None, int(chunk), dtype)
+                                  soft_head if soft_hidden is not None else None, int(chunk), dtype, terms)
     preds = torch.zeros(b * t, dtype=torch.long, device=hidden.device).index_copy(0, grad_rows, pred)
     with torch.no_grad():  # the other positions the batch holds: the argmax only (accuracy counts)
         w = drafter.lm_head.weight.to(dtype)

@@ -5,9 +5,9 @@ events on a GPU and the wall clock on the CPU through ``eaglekb.engine.timing.Ph
 steady steps after the first of a process: the first pays allocator warm-up, and a step over ``STALL_X`` times
 the median is a stall, counted apart), ``autocast`` (the TTT forward's autocast:
 bfloat16 on CUDA unless ``--amp none``), ``wants_compile`` (``--compile auto`` is on with CUDA) and
-``probe_compile`` (one forward and backward of the compiled unroll on a real batch before training, gradients
-dropped; any compiler error switches the model to the eager unroll for good and says why, so a failing compile
-never stops a run).
+``probe_compile`` (one forward and backward of the compiled unroll and loss on a real batch before training,
+gradients dropped; any compiler error switches the model to the eager unroll and loss for good and says why, so a
+failing compile never stops a run).
 
 The phases: ``data`` (the batch read and padded, and the loss-position counts reduced over processes), ``target``
 (the target's forward for online features, once per batch), ``unroll`` (the drafter's TTT steps, compiled or
@@ -92,13 +92,13 @@ def wants_compile(mode: str, device: torch.device) -> bool:
 
 
 def probe_compile(model, batch: dict, norms: torch.Tensor, amp_ctx) -> str | None:
-    """Compile the unroll on ``batch`` (forward and backward, gradients dropped); None when it works, else the
-    reason the model now runs the eager unroll."""
+    """Compile the unroll and the loss's chunk on ``batch`` (forward and backward, gradients dropped); None when it
+    works, else the reason the model now runs them eager."""
     try:
         with amp_ctx:
             loss, _ = model(batch, norms)
         loss.backward()
-    except Exception as exc:  # any compiler failure: the eager unroll computes the same
+    except Exception as exc:  # any compiler failure: the eager unroll and loss compute the same
         model.eager(failure(exc))
     finally:
         for p in model.parameters():

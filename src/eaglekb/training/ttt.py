@@ -32,7 +32,8 @@ Every per-step piece but that attention is the drafter's own (``Eagle3Drafter``
 Speed levers (each switchable, ``eaglekb.training.config``): ``hiddens`` (the unroll up to
 each step's hidden state, no logits) is the function ``torch.compile`` compiles
 (``compile_unroll``; a compile error falls back to eager with a note), and the loss over the
-draft vocabulary is ``eaglekb.training.loss.step_loss``, chunked by default (no full logits).
+draft vocabulary is ``eaglekb.training.loss.step_loss``, chunked by default (no full logits), each chunk's
+passes over its logits compiled too (``compile_loss``, the same fallback).
 
 Knows nothing about datasets, optimisers, checkpoints, processes or the task runner.
 """
@@ -47,10 +48,10 @@ from torch import nn
 from torch.nn import functional as F
 
 from eaglekb.models.layers import attend
-from eaglekb.training.loss import step_loss
+from eaglekb.training.loss import chunk_terms, step_loss
 from eaglekb.training.speed import failure
 
-#: The torch.compile backend of the unroll (tests use "aot_eager": the traced graphs without code generation).
+#: The torch.compile backend of the unroll and the loss's chunk (tests use "aot_eager": the traced graphs without code generation).
 COMPILE_BACKEND = "inductor"
 
 
@@ -108,6 +109,7 @@ class TTTModel(nn.Module):
         self.loss_chunk = loss_chunk  # positions per chunk of the draft-vocab loss; 0: full logits
         self.timer = None  # an ``eaglekb.engine.timing.PhaseTimer`` while profiling (marks unroll / loss)
         self._compiled = None
+        self._loss_terms = None  # the loss's chunk_terms through torch.compile (compile_loss), or None: eager
         self.compile_error: str | None = None
         self.register_buffer("embed", embed.detach().float(), persistent=False)
         self.register_buffer("full_head", target_head.detach().float() if target_head is not None else None,
@@ -140,10 +142,22 @@ class TTTModel(nn.Module):
         self._compiled = torch.compile(self._unroll, backend=COMPILE_BACKEND)
         self.compile_error = None
 
+    def compile_loss(self) -> None:
+        """Run each chunk of the chunked loss (``loss.chunk_terms``) through ``torch.compile`` (``COMPILE_BACKEND``)
+        from the next forward on: its passes over the chunk's logits fused. No effect with full logits
+        (``loss_chunk`` 0). The chunk length is marked dynamic, so one graph serves every chunk."""
+        self._loss_terms = torch.compile(chunk_terms, backend=COMPILE_BACKEND) if self.loss_chunk > 0 else None
+        self.compile_error = None
+
     def eager(self, reason: str) -> None:
-        """Fall back to the eager unroll for good (a compile failure); ``reason`` is kept for the report."""
+        """Fall back to the eager unroll and loss for good (a compile failure); ``reason`` is kept for the report."""
         self._compiled = None
+        self._loss_terms = None
         self.compile_error = reason
+
+    @property
+    def compiled_loss(self) -> bool:
+        return self._loss_terms is not None
 
     @property
     def compiled(self) -> bool:
@@ -208,10 +222,9 @@ class TTTModel(nn.Module):
             tgt = shift(argmax, k + 1)
             tpos = self.draft_pos[tgt]
             pm = w * (tpos >= 0).float()
-            loss_sum, pred = step_loss(self.drafter, hidden, tpos, pm,
-                                       soft=shift(soft, k + 1) if soft is not None else None,
-                                       soft_hidden=shift(final, k + 1) if final is not None else None,
-                                       soft_head=self.draft_head, rows=batch.get("valid"), chunk=self.loss_chunk)
+            loss_sum, pred = self._step_loss(hidden, tpos, pm, soft=shift(soft, k + 1) if soft is not None else None,
+                                             soft_hidden=shift(final, k + 1) if final is not None else None,
+                                             rows=batch.get("valid"))
             total = total + (self.step_weight ** k) * loss_sum / norms[k].clamp_min(1.0) * world
             with torch.no_grad():
                 correct = (self.selected[pred] == tgt) & (tpos >= 0)
@@ -221,6 +234,16 @@ class TTTModel(nn.Module):
                 stats.append(torch.stack([loss_sum.detach(), w.sum(), (correct & wb).sum().float(),
                                           (chain & wb).sum().float(), (prev & wb).sum().float()]))
         return total, torch.stack(stats)
+
+    def _step_loss(self, hidden, tpos, pm, **kw):
+        """``step_loss`` with the compiled chunk when on, and the eager one for good after a compiler failure."""
+        if self._loss_terms is not None and torch.is_grad_enabled():
+            try:
+                return step_loss(self.drafter, hidden, tpos, pm, soft_head=self.draft_head, chunk=self.loss_chunk,
+                                 terms=self._loss_terms, **kw)
+            except Exception as exc:  # a compiler failure of any kind: the eager chunk computes the same
+                self.eager(failure(exc))
+        return step_loss(self.drafter, hidden, tpos, pm, soft_head=self.draft_head, chunk=self.loss_chunk, **kw)
 
     def _soft_targets(self, batch: dict) -> torch.Tensor | None:
         """The target's softmax over the draft vocab ``[B,T,Vd]``, when the batch has final hidden states."""
