@@ -137,3 +137,48 @@ def test_on_cuda_equal_to_the_masked_pass(case):
     ids, valid = ids.cuda(), valid.cuda()
     new = OnlineFeatures(target)(ids, valid)
     _assert_equal_at_valid(new, _reference(target, ids, valid), valid, atol=1e-4)
+
+
+@pytest.mark.parametrize("make", [tiny_llama_config, tiny_qwen2_config], ids=["llama", "qwen2"])
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_the_compiled_pass_equals_the_eager_one(make, backend):
+    """``compile_features``: the decoder pass through torch.compile gives the eager pass's features at every real
+    token, and batches of other shapes compile nothing more (batch and length dynamic from the first call)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend(backend)
+    target = Target(tiny_causal_lm(make()))
+    target.compile_features(counter)
+    assert target.compiled_features
+    for lengths in ([20, 13, 2, 7], [9, 9, 3], [31, 5, 30, 12, 2]):
+        ids, valid = _batch(lengths, VOCAB)
+        compiled = OnlineFeatures(target)(ids, valid)
+        target._compiled_pass, keep = None, target._compiled_pass
+        eager = OnlineFeatures(target)(ids, valid)
+        target._compiled_pass = keep
+        _assert_equal_at_valid(compiled, eager, valid)
+        if lengths == [20, 13, 2, 7]:
+            frames = counter.frame_count
+    assert target.compiled_features and target.compile_error is None
+    assert frames >= 1 and counter.frame_count == frames
+
+
+def test_a_failing_compile_falls_back_to_the_eager_pass():
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    torch._dynamo.reset()
+    target = Target(tiny_causal_lm(tiny_llama_config()))
+    target.compile_features(broken)
+    ids, valid = _batch(LENGTHS["ragged"], VOCAB)
+    got = OnlineFeatures(target)(ids, valid)
+    assert not target.compiled_features and "no compiler here" in target.compile_error
+    _assert_equal_at_valid(got, _reference(target, ids, valid), valid)
+
+
+def test_other_model_types_are_not_compiled(monkeypatch):
+    monkeypatch.setattr(target_mod, "PLAIN_HEAD", frozenset())
+    target = Target(tiny_causal_lm(tiny_llama_config()))
+    target.compile_features("aot_eager")
+    assert not target.compiled_features

@@ -143,6 +143,18 @@ def test_full_logits_compile_no_loss():
     assert not model.compiled_loss
 
 
+def test_a_compiled_run_on_online_features_compiles_the_target_too(data, tmp_path, monkeypatch):
+    """Online features under ``--compile on``: the target's pass compiled as well, the losses as the eager run's."""
+    monkeypatch.setattr(ttt, "COMPILE_BACKEND", "aot_eager")
+    online = dict(data=str(data / "online"), online_target=str(data / "target"), steps=3, val_fraction=0.0,
+                  batching="length")
+    eager = train(cfg_for(data, tmp_path / "eager", compile="off", **online), progress=False)
+    fast = train(cfg_for(data, tmp_path / "fast", compile="on", **online), progress=False)
+    assert fast["speed"]["compiled_target"] and not eager["speed"]["compiled_target"] and not fast["notes"]
+    for step, loss in eager["history"]["train_loss"].items():
+        assert fast["history"]["train_loss"][step] == pytest.approx(loss, rel=1e-5, abs=1e-6)
+
+
 def _broken_backend(gm, example_inputs):
     raise RuntimeError("no compiler here")
 

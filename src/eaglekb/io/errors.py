@@ -1,7 +1,8 @@
 """One errors module for eaglekb.
 
 Owns: the exception types every library function raises on bad input, and the
-one-line message format (what, where, expected, found, fix). Knows nothing about
+one-line message format (what, where, expected, found, fix); ``compiler_failure``, the one line a run keeps when
+``torch.compile`` fails and it falls back to eager. Knows nothing about
 the task runner: runbooks turn an ``EaglekbError`` into a one-line message and a
 non-zero exit; the library only raises.
 
@@ -20,6 +21,17 @@ def one_line(text: str) -> str:
     """``text`` with line breaks and other control characters escaped (``\\n``, ``\\x00``): always one line."""
     return "".join(_BREAKS.get(ch) or (f"\\x{ord(ch):02x}" if ord(ch) < 32 or ord(ch) == 127 else ch)
                    for ch in str(text))
+
+
+def compiler_failure(exc: BaseException) -> str:
+    """One line for a ``torch.compile`` error (what a run says when it falls back to eager): its type and its
+    innermost cause's first non-empty line."""
+    inner = exc
+    while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
+        inner = getattr(inner, "inner_exception", None) or inner.__cause__
+    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
+    text = f"{type(inner).__name__}: {lines[0][:160]}" if lines else type(inner).__name__
+    return text if inner is exc else f"{type(exc).__name__} ({text})"
 
 
 def first_line(exc: BaseException | str, limit: int = 200) -> str:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from eaglekb.io.errors import BadInput, Unavailable
+from eaglekb.io.errors import BadInput, Unavailable, compiler_failure
 from eaglekb.models.checks import load_causal_lm
 
 CONVENTIONS = ("sglang", "vllm")
@@ -127,6 +127,8 @@ class Target:
         self.vocab_size = int(cfg.vocab_size)
         points = capture_points if capture_points is not None else default_capture_points(self.num_layers)
         self.capture_points = check_capture_points(points, self.num_layers)
+        self._compiled_pass = None  # features' decoder pass through torch.compile (compile_features), or None
+        self.compile_error: str | None = None
 
     @classmethod
     def load(
@@ -206,6 +208,15 @@ class Target:
         if self.model.config.model_type not in PLAIN_HEAD:  # logits may not be lm_head(h): the full forward
             res = self.forward(ids)
             return TargetFeatures(res.aux_hidden, res.logits.argmax(-1), res.final_hidden)
+        if self._compiled_pass is not None:
+            for dim in (0, 1):  # one graph for every batch shape
+                torch._dynamo.maybe_mark_dynamic(ids, dim)
+            try:
+                with torch.no_grad():
+                    aux, final = self._compiled_pass(ids)
+                return TargetFeatures(aux, self.argmax(final, chunk=chunk), final)
+            except Exception as exc:  # a compiler failure of any kind: the eager pass computes the same
+                self._compiled_pass, self.compile_error = None, compiler_failure(exc)
         decoder = self.model.get_decoder()
         kept: dict[int, object] = {}
 
@@ -223,6 +234,31 @@ class Target:
                 h.remove()
         aux = torch.cat([kept[c] for c in self.capture_points], dim=-1)
         return TargetFeatures(aux, self.argmax(final, chunk=chunk), final)
+
+    def compile_features(self, backend: str = "inductor") -> None:
+        """Run ``features``' decoder pass through ``torch.compile`` (``backend``) from the next call on: the norms,
+        rotary embeddings, SiLU-mul and residual adds between the products fused instead of one pass each over the
+        batch's activations. Batch and sequence length are marked dynamic (one graph serves every batch); a
+        compiler error switches to the eager pass for good and is kept in ``compile_error``. A model type outside
+        ``PLAIN_HEAD`` keeps its full forward."""
+        import torch
+
+        if self.model.config.model_type in PLAIN_HEAD:
+            self._compiled_pass = torch.compile(self._decoder_pass, backend=backend)
+            self.compile_error = None
+
+    @property
+    def compiled_features(self) -> bool:
+        return self._compiled_pass is not None
+
+    def _decoder_pass(self, ids):
+        """(the capture points' residual streams side by side, the final hidden state) of one unmasked pass, from
+        the decoder's hidden states (no hooks: a compiled function must not install them per call)."""
+        import torch
+
+        out = self.model.get_decoder()(input_ids=ids, use_cache=False, output_hidden_states=True)
+        hs = out.hidden_states  # N+1 entries: embeddings, then each layer's output; capture point c is hs[c]
+        return torch.cat([hs[c] for c in self.capture_points], dim=-1), out.last_hidden_state
 
     def argmax(self, final_hidden, *, chunk: int = ARGMAX_CHUNK):
         """``argmax(lm_head(final_hidden))`` per position ``[...]``, ``chunk`` positions per GEMM (model dtype)."""

@@ -45,6 +45,7 @@ from eaglekb.training.distributed import all_reduce, barrier, dist_info, pick_de
 from eaglekb.training.report import build_report, summarise
 from eaglekb.training.speed import StepProfile, autocast, probe_compile, wants_compile
 from eaglekb.training.parallel import ParallelTTTModel, as_parallel
+from eaglekb.training import ttt
 from eaglekb.training.ttt import TTTModel, step_norms
 
 Log = Callable[[str], None]
@@ -100,6 +101,8 @@ def prepare(cfg: TrainConfig) -> Run:
     if wants_compile(cfg.compile, device):
         model.compile_unroll()
         model.compile_loss()
+        if features is not None:  # online features: the target's pass too
+            features.target.compile_features(ttt.COMPILE_BACKEND)
     total = cfg.steps or max(1, math.ceil(cfg.epochs * len(train_idx) / cfg.batch_size))
     fingerprint = {k: getattr(cfg, k) for k in TrainConfig.FINGERPRINT}
     fingerprint.update(total_steps=total, data=ds.manifest["identity_hash"],
@@ -345,9 +348,13 @@ def _record_val(run: Run, history: dict, step: int, log: Log | None, rank: int) 
 
 
 def _compile_first(run: Run, items: list[int]) -> None:
-    """Compile the unroll and the loss's chunk on the first batch before the first step (not timed in it); eager if
-    that fails."""
+    """Compile the target's pass (online features), the unroll and the loss's chunk on the first batch before the
+    first step (not timed in it); eager if that fails."""
     batch, norms = _batch(run, items)
+    target = run.features.target if run.features is not None else None
+    if target is not None and target.compile_error:
+        run.notes.append(f"torch.compile of the target's pass failed ({target.compile_error}): the eager pass ran "
+                         "instead")
     if probe_compile(run.model, batch, norms, _autocast(run)):
         run.notes.append(f"torch.compile of the TTT unroll and loss failed ({run.model.compile_error}): the eager "
                          "unroll and loss ran instead")

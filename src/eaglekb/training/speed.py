@@ -25,6 +25,7 @@ import contextlib
 import torch
 
 from eaglekb.engine.timing import PhaseTimer
+from eaglekb.io.errors import compiler_failure
 
 PHASES = ("data", "target", "unroll", "loss", "backward", "optimizer", "sync")
 
@@ -70,16 +71,6 @@ class StepProfile:
                 "timer": "cuda events" if self.device.type == "cuda" else "wall clock"}
 
 
-def failure(exc: BaseException) -> str:
-    """One line for a compiler error: its type and its innermost cause's first non-empty line."""
-    inner = exc
-    while getattr(inner, "inner_exception", None) is not None or inner.__cause__ is not None:
-        inner = getattr(inner, "inner_exception", None) or inner.__cause__
-    lines = [ln.strip() for ln in str(inner).splitlines() if ln.strip()]
-    text = f"{type(inner).__name__}: {lines[0][:160]}" if lines else type(inner).__name__
-    return text if inner is exc else f"{type(exc).__name__} ({text})"
-
-
 def autocast(device: torch.device, amp: str):
     """bfloat16 autocast on CUDA (``amp == "bfloat16"``), else nothing (float32)."""
     if device.type == "cuda" and amp == "bfloat16":
@@ -99,7 +90,7 @@ def probe_compile(model, batch: dict, norms: torch.Tensor, amp_ctx) -> str | Non
             loss, _ = model(batch, norms)
         loss.backward()
     except Exception as exc:  # any compiler failure: the eager unroll and loss compute the same
-        model.eager(failure(exc))
+        model.eager(compiler_failure(exc))
     finally:
         for p in model.parameters():
             p.grad = None

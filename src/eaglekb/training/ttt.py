@@ -49,7 +49,7 @@ from torch.nn import functional as F
 
 from eaglekb.models.layers import attend
 from eaglekb.training.loss import chunk_terms, step_loss
-from eaglekb.training.speed import failure
+from eaglekb.io.errors import compiler_failure
 
 #: The torch.compile backend of the unroll and the loss's chunk (tests use "aot_eager": the traced graphs without code generation).
 COMPILE_BACKEND = "inductor"
@@ -174,7 +174,7 @@ class TTTModel(nn.Module):
             try:
                 return self._compiled(input_ids, aux_hidden)
             except Exception as exc:  # a compiler failure of any kind: the eager unroll computes the same
-                self.eager(failure(exc))
+                self.eager(compiler_failure(exc))
         return self._unroll(input_ids, aux_hidden)
 
     def _unroll(self, input_ids, aux_hidden) -> list[torch.Tensor]:
@@ -242,7 +242,7 @@ class TTTModel(nn.Module):
                 return step_loss(self.drafter, hidden, tpos, pm, soft_head=self.draft_head, chunk=self.loss_chunk,
                                  terms=self._loss_terms, **kw)
             except Exception as exc:  # a compiler failure of any kind: the eager chunk computes the same
-                self.eager(failure(exc))
+                self.eager(compiler_failure(exc))
         return step_loss(self.drafter, hidden, tpos, pm, soft_head=self.draft_head, chunk=self.loss_chunk, **kw)
 
     def _soft_targets(self, batch: dict) -> torch.Tensor | None:
