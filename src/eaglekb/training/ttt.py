@@ -47,9 +47,9 @@ import torch._dynamo
 from torch import nn
 from torch.nn import functional as F
 
+from eaglekb.io.errors import compiler_failure
 from eaglekb.models.layers import attend
 from eaglekb.training.loss import chunk_terms, step_loss
-from eaglekb.io.errors import compiler_failure
 
 #: The torch.compile backend of the unroll and the loss's chunk (tests use "aot_eager": the traced graphs without code generation).
 COMPILE_BACKEND = "inductor"
@@ -237,13 +237,13 @@ class TTTModel(nn.Module):
 
     def _step_loss(self, hidden, tpos, pm, **kw):
         """``step_loss`` with the compiled chunk when on, and the eager one for good after a compiler failure."""
+        kw.update(soft_head=self.draft_head, chunk=self.loss_chunk)
         if self._loss_terms is not None and torch.is_grad_enabled():
             try:
-                return step_loss(self.drafter, hidden, tpos, pm, soft_head=self.draft_head, chunk=self.loss_chunk,
-                                 terms=self._loss_terms, **kw)
+                return step_loss(self.drafter, hidden, tpos, pm, terms=self._loss_terms, **kw)
             except Exception as exc:  # a compiler failure of any kind: the eager chunk computes the same
                 self.eager(compiler_failure(exc))
-        return step_loss(self.drafter, hidden, tpos, pm, soft_head=self.draft_head, chunk=self.loss_chunk, **kw)
+        return step_loss(self.drafter, hidden, tpos, pm, **kw)
 
     def _soft_targets(self, batch: dict) -> torch.Tensor | None:
         """The target's softmax over the draft vocab ``[B,T,Vd]``, when the batch has final hidden states."""
