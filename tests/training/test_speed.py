@@ -155,6 +155,37 @@ def test_a_compiled_run_on_online_features_compiles_the_target_too(data, tmp_pat
         assert fast["history"]["train_loss"][step] == pytest.approx(loss, rel=1e-5, abs=1e-6)
 
 
+def test_a_target_compile_that_fails_later_is_reported(data, tmp_path, monkeypatch):
+    """The target's compiled pass failing after the first batch: the eager pass takes over, the run's notes and
+    ``speed.target_compile_error`` say why, and the losses are the eager run's."""
+    from eaglekb.models.target import Target
+
+    monkeypatch.setattr(ttt, "COMPILE_BACKEND", "aot_eager")
+    compile_features = Target.compile_features
+
+    def fails_on_the_second_call(self, backend="inductor"):
+        compile_features(self, backend)
+        compiled, calls = self._compiled_pass, []
+
+        def once(*args, **kwargs):
+            calls.append(1)
+            if len(calls) > 1:
+                raise RuntimeError("graph broke on batch two")
+            return compiled(*args, **kwargs)
+        self._compiled_pass = once
+
+    monkeypatch.setattr(Target, "compile_features", fails_on_the_second_call)
+    online = dict(data=str(data / "online"), online_target=str(data / "target"), steps=3, val_fraction=0.0,
+                  batching="length")
+    eager = train(cfg_for(data, tmp_path / "eager", compile="off", **online), progress=False)
+    late = train(cfg_for(data, tmp_path / "late", compile="on", **online), progress=False)
+    assert not late["speed"]["compiled_target"] and "graph broke on batch two" in late["speed"]["target_compile_error"]
+    assert any("failed during the run" in n and "graph broke on batch two" in n for n in late["notes"])
+    assert eager["speed"]["target_compile_error"] is None
+    for step, loss in eager["history"]["train_loss"].items():
+        assert late["history"]["train_loss"][step] == pytest.approx(loss, rel=1e-5, abs=1e-6)
+
+
 def _broken_backend(gm, example_inputs):
     raise RuntimeError("no compiler here")
 

@@ -427,6 +427,10 @@ def _finish(run: Run, opt, p: Progress, log: Log | None) -> dict:
         if cfg.pieces_out:
             packed = pack_checkpoint(ckpt, Path(cfg.pieces_out), max(1, int(cfg.piece_mib * (1 << 20))))
     barrier()
+    target = run.features.target if run.features is not None else None
+    if target is not None and target.compile_error and not any(target.compile_error in n for n in run.notes):
+        run.notes.append(f"torch.compile of the target's pass failed during the run ({target.compile_error}): the "
+                         "eager pass ran from then on")
     report = build_report(run, p.history, p.last_val, p.step, p.tokens, p.seconds, p.stopped, world, p.profile)
     report["pieces"] = packed
     if rank == 0:

@@ -68,6 +68,7 @@ def build_report(run, history: dict, val: dict | None, step: int, tokens: int, s
                   "compiled_loss": run.model.compiled_loss,
                   "compiled_target": bool(run.features is not None and run.features.target.compiled_features),
                   "compile_error": run.model.compile_error,
+                  "target_compile_error": run.features.target.compile_error if run.features is not None else None,
                   "loss_chunk": cfg.loss_chunk, "batching": cfg.batching},
         "profile": profile,
         "val": val,
