@@ -68,6 +68,11 @@ def test_bench_serves_the_best_point_with_matching_sglang_flags():
     plain = bench.serve_best(cfg, slow, specs, "/m/target")
     assert not plain["config"]["pays"] and "--speculative" not in plain["config"]["sglang_command"]
     assert bench.serve_best(cfg, metrics, [], "/m/target") == {}
+    # a drafter SGLang cannot serve (P-EAGLE): the best point without an SGLang command, and why
+    parallel = bench.serve_best(cfg, metrics, specs, "/m/target", unservable="no parallel drafting")
+    assert parallel["metrics"] == served["metrics"] and parallel["config"]["sglang_command"] is None
+    assert parallel["config"]["sglang_refusal"] == "no parallel drafting"
+    assert bench.serve_best(cfg, slow, specs, "/m/target", unservable="no parallel drafting") == plain
 
 
 def test_bench_fused_chain_and_tree_on_cpu_same_acceptance(tiny_pair):  # noqa: F811

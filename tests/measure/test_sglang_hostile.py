@@ -147,6 +147,21 @@ def test_launch_refuses_a_drafter_of_another_shape(tiny_pair, tmp_path):
         check_drafter(str(target), str(deep))
 
 
+def test_launch_refuses_a_p_eagle_drafter(tiny_pair, tmp_path):
+    """SGLang has no parallel drafting: a P-EAGLE drafter of the right shape is refused before any launch, saying
+    why (SGLang would draft it as a chain and skip its mask inputs)."""
+    from eaglekb.models.drafter import save_drafter
+    from eaglekb.models.parallel_drafter import to_parallel
+    from helpers.models import tiny_drafter
+
+    target, _ = tiny_pair
+    parallel = save_drafter(to_parallel(tiny_drafter(), 4), tmp_path / "p-eagle")
+    with pytest.raises(Incompatible, match="not one SGLang can serve") as err:
+        check_drafter(str(target), str(parallel))
+    assert "'p-eagle' (4 tokens in one drafter pass)" in err.value.line()
+    assert "no parallel drafting" in err.value.line()
+
+
 def test_options_that_would_be_ignored_are_refused():
     assert "--engine" in _cli("bench.sglang", "--device=cpu")  # --dtype alike
     assert "--drafter" in _cli("sglang.launch", "--steps=5")  # --topk, --draft-tokens alike

@@ -64,6 +64,25 @@ REQUIRED_KEYS = ("fc.weight", *(f"midlayer.{k}" for k in MIDLAYER_KEYS), "norm.w
                  "lm_head.weight", "d2t", "t2d")
 OPTIONAL_KEYS = ("embed_tokens.weight",)
 
+#: config.json fields of the drafting method (eaglekb.models.parallel_drafter reads and checks them): the method,
+#: and for P-EAGLE the tokens one pass proposes.
+METHOD_FIELD = "eaglekb_method"
+TOKENS_FIELD = "parallel_draft_tokens"
+EAGLE3 = "eagle3"
+P_EAGLE = "p-eagle"
+
+
+def not_servable_by_sglang(doc: dict) -> str | None:
+    """Why SGLang cannot serve the drafter a config.json describes, or None: a P-EAGLE drafter proposes k tokens in
+    one pass from learned mask inputs; SGLang's EAGLE3 (0.5.17 and main as of this writing) drafts a chain, one
+    drafter pass a token, and would skip the mask inputs and draft with positions the drafter was never trained on."""
+    if not isinstance(doc, dict) or doc.get(METHOD_FIELD) != P_EAGLE:
+        return None
+    k = doc.get(TOKENS_FIELD)
+    return (f"{METHOD_FIELD} {P_EAGLE!r} ({k} tokens in one drafter pass): SGLang's EAGLE3 drafts a chain, one pass "
+            "a token, and skips mask_embed and mask_hidden; SGLang has no parallel drafting")
+
+
 # Standard HF / SpecForge config.json fields a drafter config may carry without effect here.
 _PASSIVE_FIELDS = {
     "architectures", "model_type", "num_hidden_layers", "torch_dtype", "dtype", "eagle_config",
@@ -71,7 +90,7 @@ _PASSIVE_FIELDS = {
     "use_cache", "attention_bias", "attention_dropout", "mlp_bias", "rope_scaling",
     "rope_parameters", "transformers_version", "tie_word_embeddings", "_name_or_path",
     "bias", "hidden_act", "head_dim", "target_hidden_size", "rope_theta", "draft_vocab_size",
-    "eaglekb_method", "parallel_draft_tokens",  # kept in extra; eaglekb.models.parallel_drafter reads them
+    METHOD_FIELD, TOKENS_FIELD,  # kept in extra; eaglekb.models.parallel_drafter reads them
 }
 
 

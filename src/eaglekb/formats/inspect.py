@@ -28,13 +28,16 @@ from typing import Any
 import torch
 
 from eaglekb.formats.drafter import (
+    METHOD_FIELD,
     OPTIONAL_KEYS,
     REQUIRED_KEYS,
     SGLANG_ARCH,
+    TOKENS_FIELD,
     expected_shapes,
     layout_problems,
     nonfinite_error,
     nonfinite_tensors,
+    not_servable_by_sglang,
     read_config,
     read_config_json,
 )
@@ -130,7 +133,11 @@ def _normalise_sglang(config: dict, findings: list) -> tuple[dict, dict[str, str
     if "rope_theta" not in flat and isinstance(config.get("rope_parameters"), dict):
         flat["rope_theta"] = config["rope_parameters"].get("rope_theta")
     flat["aux_layer_ids"] = _object(config, "eagle_config", findings).get("eagle_aux_hidden_state_layer_ids")
-    for key in sorted(set(config) - _SGLANG_KNOWN_FIELDS):
+    parallel = not_servable_by_sglang(config)
+    if parallel:
+        findings.append(_finding("parallel-drafter", "error", f"{parallel}: serve it with eaglekb's engine "
+                                 "(invoke bench, invoke probe)"))
+    for key in sorted(set(config) - _SGLANG_KNOWN_FIELDS - ({METHOD_FIELD, TOKENS_FIELD} if parallel else set())):
         findings.append(_finding("config-unknown-field", "warning",
                                  f"config field {key!r} is not an EAGLE-3 drafter field; "
                                  "SGLang ignores it"))

@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 from eaglekb.data.prompts import eval_prompts
+from eaglekb.formats.drafter import not_servable_by_sglang, read_config_json
 from eaglekb.measure import setup as runsetup
 from eaglekb.measure.sglang.config import LaunchConfig, command_line, launch_command
 from eaglekb.engine.generate import Engine, SpecConfig
@@ -294,13 +295,21 @@ def best_point(metrics: dict, specs: list[SpecConfig]) -> SpecConfig | None:
     return max(specs, key=lambda s: metrics[spec_name(s)]["median_tok_s"], default=None)
 
 
-def serve_best(cfg: BenchConfig, metrics: dict, specs: list[SpecConfig], target_path: str) -> dict:
+def serve_best(cfg: BenchConfig, metrics: dict, specs: list[SpecConfig], target_path: str, *,
+               unservable: str | None = None) -> dict:
     """``metrics.best`` (the fastest point) and the SGLang launch command serving it on this machine: with the
-    drafter when that point beats the engine's plain decoding, else plain (speculation does not pay here)."""
+    drafter when that point beats the engine's plain decoding, else plain (speculation does not pay here). A
+    drafter SGLang cannot serve (``unservable``: why, from ``eaglekb.formats.drafter.not_servable_by_sglang``) gets
+    no command, only the reason."""
     best = best_point(metrics, specs)
     if best is None:
         return {}
     pays = metrics[spec_name(best)]["vs_engine_x"] > 1.0
+    if pays and unservable:
+        return {"metrics": {"steps_count": best.steps, "topk_count": best.topk, "draft_tokens_count": best.draft_tokens,
+                            "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"]},
+                "config": {"method": spec_name(best), "pays": pays, "sglang_flags": None, "sglang_command": None,
+                           "sglang_refusal": unservable}}
     dtype = cfg.dtype if cfg.device.startswith("cuda") else None
     cmd = launch_command(LaunchConfig(model_path=target_path, draft_model_path=cfg.drafter if pays else None,
                                       steps=best.steps, topk=best.topk, draft_tokens=best.draft_tokens, dtype=dtype))
@@ -356,7 +365,8 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
             prof = profile_engine(engine, prompts[0], specs[0] if specs else None)
             config["profile_top_kernels"] = {step: p.pop("top") for step, p in prof.items()}
             metrics["profile"] = prof
-    served = serve_best(cfg, metrics, specs, loaded.target_path)
+    served = serve_best(cfg, metrics, specs, loaded.target_path,
+                        unservable=not_servable_by_sglang(read_config_json(cfg.drafter)) if cfg.drafter else None)
     if served:
         metrics["best"], config["best"] = served["metrics"], served["config"]
     config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
@@ -462,11 +472,14 @@ def render_text(r: BenchReport) -> str:
         b = r.metrics["best"]
         lines.append(f"best on this machine: steps {b['steps_count']}, topk {b['topk_count']}, draft tokens "
                      f"{b['draft_tokens_count']} ({b['vs_engine_x']:.2f}x the engine)")
-        if best["pays"]:
+        if best.get("sglang_refusal"):
+            lines.append(f"  SGLang cannot serve it: {best['sglang_refusal']}")
+        elif best["pays"]:
             lines.append(f"  SGLang flags: {best['sglang_flags']}")
         else:
             lines.append("  no sweep point beats plain decoding here: serve without speculation")
-        lines.append(f"  serve it: {best['sglang_command']}")
+        if best["sglang_command"]:
+            lines.append(f"  serve it: {best['sglang_command']}")
     lines.append(r.summary)
     return "\n".join(lines)
 

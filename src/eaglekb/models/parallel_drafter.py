@@ -1,8 +1,8 @@
 """P-EAGLE: the EAGLE-3 drafter that proposes k tokens in ONE forward pass (parallel drafting).
 
-Owns: the method field of a drafter's ``config.json`` (``METHOD_FIELD``: ``"eagle3"``, absent, or ``"p-eagle"``
-with ``TOKENS_FIELD``: the k tokens one pass proposes), ``method_of`` / ``parallel_tokens_of`` (read and check
-them), ``add_mask_inputs`` (the two learned vectors ``Eagle3Drafter`` holds when its config says p-eagle:
+Owns: reading the method field of a drafter's ``config.json`` (``eaglekb.formats.drafter.METHOD_FIELD``:
+``"eagle3"``, absent, or ``"p-eagle"`` with ``TOKENS_FIELD``: the k tokens one pass proposes) with ``method_of`` /
+``parallel_tokens_of`` (read and check them), ``add_mask_inputs`` (the two learned vectors ``Eagle3Drafter`` holds when its config says p-eagle:
 ``mask_embed`` ``[H]`` and ``mask_hidden`` ``[3*target_H]``, the inputs of the positions not yet known; its
 ``parallel_tokens`` is then k, else 0), ``mask_inputs`` / ``draft_pass`` (the module's one pass) and
 ``to_parallel`` (an EAGLE-3 drafter, or a P-EAGLE one, as a P-EAGLE drafter of k tokens: the same weights, fresh
@@ -32,14 +32,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from eaglekb.formats.drafter import DrafterConfig
+from eaglekb.formats.drafter import EAGLE3, METHOD_FIELD, P_EAGLE, TOKENS_FIELD, DrafterConfig
 from eaglekb.io.errors import BadInput, Incompatible, SchemaError
 
-#: config.json fields: the drafting method and, for P-EAGLE, the tokens one pass proposes.
-METHOD_FIELD = "eaglekb_method"
-TOKENS_FIELD = "parallel_draft_tokens"
-EAGLE3 = "eagle3"
-P_EAGLE = "p-eagle"
 METHODS = (EAGLE3, P_EAGLE)
 #: The most tokens one P-EAGLE pass may propose (a config from elsewhere must not size a huge draft).
 MAX_TOKENS = 64

@@ -127,13 +127,17 @@ def check_port(host: str, port: int) -> None:
 
 
 def check_drafter(target: str, drafter: str | None) -> Path:
-    """The target's folder, after refusing a drafter whose shape does not fit it (before any launch): hidden
-    size, vocabulary and aux layers against the target's config.json (``eaglekb.formats.inspect``), then the
-    engine's own check (``eaglekb.measure.setup.check_drafter_fits``)."""
+    """The target's folder, after refusing a drafter SGLang cannot serve (a P-EAGLE one) or whose shape does not
+    fit the target (before any launch): hidden size, vocabulary and aux layers against the target's config.json
+    (``eaglekb.formats.inspect``), then the engine's own check (``eaglekb.measure.setup.check_drafter_fits``)."""
     if drafter:
         path = sources.resolve(target, prepare_missing=False)
-        bad = [f for f in inspect_checkpoint(drafter, target=path)["findings"]
-               if f["severity"] == "error" and f["code"].startswith("target-")]
+        errors = [f for f in inspect_checkpoint(drafter, target=path)["findings"] if f["severity"] == "error"]
+        for f in errors:
+            if f["code"] == "parallel-drafter":
+                raise Incompatible("drafter is not one SGLang can serve", where=f"--drafter {drafter}",
+                                   expected="an EAGLE-3 drafter", found=f["message"])
+        bad = [f for f in errors if f["code"].startswith("target-")]
         if bad:
             raise Incompatible("drafter does not fit the target", where=f"--drafter {drafter}",
                                expected=f"a drafter built for {target}", found=bad[0]["message"]
