@@ -107,3 +107,27 @@ def test_bench_sglang_unreachable_is_one_line():
     assert out.returncode != 0 and "unreachable" in out.stderr and out.stderr.strip().count("\n") == 0
     json_lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     assert json_lines == []
+
+
+def test_a_p_eagle_drafters_impossible_points_are_refused_before_any_weights(tmp_path, monkeypatch):
+    """A tree or a chain longer than one pass proposes, for a P-EAGLE drafter: bench and probe refuse it from the
+    drafter's config.json alone, naming the option typed, before the target or the drafter loads."""
+    from eaglekb.measure import probe, setup
+    from eaglekb.models.drafter import save_drafter
+    from eaglekb.models.parallel_drafter import to_parallel
+    from helpers.models import tiny_drafter
+
+    parallel = str(save_drafter(to_parallel(tiny_drafter(), 3), tmp_path / "p-eagle"))
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("weights loaded before the points were checked")
+
+    monkeypatch.setattr(setup, "load", no_load)
+    with pytest.raises(BadInput, match="chains only") as err:
+        bench.run(bench.BenchConfig(drafter=parallel, sweep=[(3, 1, None), (4, 4, 16)]), progress=False)
+    assert err.value.where == "--topk"
+    with pytest.raises(BadInput, match="more draft steps") as err:
+        probe.run(probe.ProbeConfig(drafter=parallel, steps=4), progress=False)
+    assert "<= 3" in err.value.line()
+    with pytest.raises(AssertionError, match="weights loaded"):  # a chain it can draft goes on to the load
+        bench.run(bench.BenchConfig(drafter=parallel, sweep=[(3, 1, None)]), progress=False)

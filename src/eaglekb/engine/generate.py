@@ -414,7 +414,7 @@ class Engine:
             raise BadInput("speculative decoding needs a drafter", where="Engine", found="none loaded")
         cfg = cfg or SpecConfig()
         if self.drafter.parallel_tokens:
-            check_spec(self.drafter, cfg.steps, cfg.topk)
+            check_spec(self.drafter.parallel_tokens, cfg.steps, cfg.topk)
         ids = self._ids(prompt)
         n = ids.shape[1]
         self.check_fits(n, max_new_tokens, cfg.nodes, (cfg.steps - 1) * cfg.topk if cfg.topk > 1 else 0)

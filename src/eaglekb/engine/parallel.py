@@ -25,13 +25,14 @@ from eaglekb.engine.kv import causal_rows, mask_width
 from eaglekb.io.errors import BadInput
 
 
-def check_spec(dm: DraftModel, steps: int, topk: int) -> None:
-    """Refuse what a P-EAGLE drafter cannot draft: a tree, or more tokens than one pass proposes."""
+def check_spec(parallel_tokens: int, steps: int, topk: int) -> None:
+    """Refuse what a P-EAGLE drafter of ``parallel_tokens`` a pass cannot draft: a tree, or more tokens than one pass
+    proposes (callers with only the drafter's config check before any weights load)."""
     if topk != 1:
         raise BadInput("a P-EAGLE drafter drafts chains only", where="--topk", expected="1", found=str(topk))
-    if steps > dm.parallel_tokens:
+    if steps > parallel_tokens:
         raise BadInput("more draft steps than the P-EAGLE drafter proposes per pass", where="--steps",
-                       expected=f"<= {dm.parallel_tokens} (its config's parallel_draft_tokens)", found=str(steps))
+                       expected=f"<= {parallel_tokens} (its config's parallel_draft_tokens)", found=str(steps))
 
 
 @torch.no_grad()

@@ -202,6 +202,7 @@ def _check(cfg: BenchConfig) -> list[SpecConfig]:
         raise BadInput("unknown peer", where="--peers", expected=", ".join(PEERS), found=repr(unknown[0]))
     if specs and cfg.drafter is None:
         raise BadInput("speculative methods need a drafter", where="--drafter", found="none")
+    runsetup.check_points_before_weights(cfg.drafter, specs)
     return specs
 
 

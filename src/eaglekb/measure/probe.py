@@ -281,6 +281,7 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
     if cfg.drafter is None:
         raise BadInput("no drafter", where="--drafter", expected="a drafter folder", found="none")
     spec = cfg.spec()  # validates steps/topk/draft tokens before loading anything
+    runsetup.check_points_before_weights(cfg.drafter, [spec])  # and what a P-EAGLE drafter can draft
     pset = eval_prompts(cfg.prompts, cfg.num_prompts)  # a bad prompt set is refused before the model loads
     with still_working(f"loading {cfg.target} and the drafter", enabled=progress):
         loaded = runsetup.load(cfg.target, cfg.drafter, reference=cfg.reference_drafter, device=cfg.device,

@@ -19,10 +19,13 @@ from pathlib import Path
 
 from eaglekb.engine.draft import DraftModel, check_shapes
 from eaglekb.engine.model import TargetModel, check_architecture
+from eaglekb.engine.parallel import check_spec
+from eaglekb.formats.drafter import read_config
 from eaglekb.io.errors import BadInput, Incompatible, MissingFile, Unavailable
 from eaglekb.models import sources
 from eaglekb.models.checks import check_model_folder, estimated_params, load_causal_lm
 from eaglekb.models.drafter import build_drafter_for_target, load_drafter
+from eaglekb.models.parallel_drafter import parallel_tokens_of
 from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
 DEFAULT_DRAFTER = "drafters/smollm2-135m-default"
@@ -141,6 +144,17 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
                               fix="pass --drafter PATH to a drafter folder, or train one with invoke finetune")
         raise MissingFile("drafter folder not found", where=f"{what} {folder}")
     return load_drafter(folder, dtype="float32")
+
+
+def check_points_before_weights(drafter: str | None, specs) -> None:
+    """A P-EAGLE drafter's draft points (``SpecConfig``-likes: steps, topk) checked from its config.json alone, before
+    any weights load: chains of at most its tokens a pass (``eaglekb.engine.parallel.check_spec``). A folder without
+    a config.json is left to the load, which says so."""
+    if not drafter or not specs or not (Path(drafter) / "config.json").is_file():
+        return
+    k = parallel_tokens_of(read_config(drafter)[0], f"{drafter}/config.json")
+    for s in specs if k else ():
+        check_spec(k, s.steps, s.topk)
 
 
 def check_drafter_fits(target: str, drafter: str | None) -> Path:
