@@ -187,9 +187,9 @@ def test_the_task_exits_with_the_failing_steps_code(tmp_path):
 
 @pytest.mark.parametrize("path", RECIPES, ids=[p.stem for p in RECIPES])
 def test_each_committed_recipe_parses_and_its_commands_are_real(path):
-    rec = lib.load(path, SPECS, root=ROOT)
-    assert rec.name == path.stem
     text = path.read_text(encoding="utf-8")
+    rec = lib.load(path, SPECS, root=ROOT, record_prefix="check" if "{record:" in text else None)
+    assert rec.name == path.stem
     assert text.startswith(f"# recipes/{path.name}:"), "a comment header says what it reproduces"
     planned = lib.plan(rec, lib.select(rec), SPECS, dry_run=True)
     assert lib.render_plan(rec, planned).count("\ninvoke ") == len(rec.steps)
@@ -255,6 +255,29 @@ def test_record_prefix_names_each_recording_step_once_and_keeps_a_steps_own(tmp_
     lib.load(write(tmp_path), SPECS, root=ROOT, run_dir=tmp_path / "run", record_prefix="x",
              check_name=lambda name, where: seen.append(f"{where}: {name}"))
     assert seen[0] == "--record-prefix x: x-datagen" and len(seen) == 5
+
+
+SGLANG = """\
+name: serve
+target: smollm2-135m
+steps:
+  plan.sglang: {prompts: gsm8k-eval}
+  bench.sglang: {engine: true, plan: "plan/{record:plan.sglang}"}
+"""
+
+
+def test_a_step_refers_to_an_earlier_steps_record(tmp_path):
+    """``{record:STEP}``: the record an earlier step writes (from --record-prefix or its own record option), so a
+    bench prices with the plan the same run recorded; without one, or naming a later step, one line."""
+    rec = load(tmp_path, SGLANG, record_prefix="h1")
+    assert "--plan plan/h1-plan-sglang --record h1-bench-sglang" in rec.steps[1].command
+    own = load(tmp_path, SGLANG.replace("{prompts: gsm8k-eval}", "{prompts: gsm8k-eval, record: before}"))
+    assert "--plan plan/before" in own.steps[1].command
+    later = SGLANG.replace("plan/{record:plan.sglang}", "plan/{record:bench.sglang}")
+    for text, kw in ((SGLANG, {}), (later, {"record_prefix": "h1"})):
+        with pytest.raises(BadInput, match="no record to refer to") as exc:
+            load(tmp_path, text, **kw)
+        assert "steps.bench.sglang.plan" in exc.value.line() and "{record:" in exc.value.line()
 
 
 def test_a_record_prefix_the_baselines_refuse_is_one_line_before_any_step(tmp_path):

@@ -2,10 +2,11 @@
 
 Owns the recipe format and its run: ``load`` reads a recipe (``io.strict_yaml``; strict keys: an unknown
 top-level key, an unknown step task or an option the task does not have is one line naming the file, the key
-and the nearest valid name), applies ``--set`` overrides and expands ``{run}`` (the run folder), ``{name}`` and
-``{target}``; ``select`` picks the steps of ``--only`` / ``--from``; ``plan`` turns each step into its exact
-command (``invoke datagen --target ... --out ...``) and, with ``--resume``, marks the steps the run folder's
-state already records as finished with the same command; ``execute`` runs the planned commands one by one
+and the nearest valid name), applies ``--set`` overrides and expands ``{run}`` (the run folder), ``{name}``,
+``{target}`` and ``{record:STEP}`` (the record an earlier step writes, e.g. a plan a later bench prices with);
+``select`` picks the steps of ``--only`` / ``--from``; ``plan`` turns each step into its exact command
+(``invoke datagen --target ... --out ...``) and, with ``--resume``, marks the steps the run folder's state already
+records as finished with the same command; ``execute`` runs the planned commands one by one
 through a runner (by default ``python -m invoke ...`` from the repository root, its output streamed), stops at
 the first failure and keeps the state file ``{run}/recipe-state.json`` (written atomically after every step:
 each step's command, exit code and finished time); ``run_recipe`` does all of it for ``invoke recipe``.
@@ -53,7 +54,8 @@ STATE_FILE = "recipe-state.json"
 RUNS = Path(".eaglekb") / "runs"
 SHARED = ("target", "device", "nproc")  # top-level keys given to the steps whose task has that option
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*|record:[^{}\s]+)\}")
+_RECORD = "record:"  # {record:STEP}: the record an earlier step writes (its own record option or --record-prefix)
 #: How each kind of option is written: a value, a flag (off by default), a flag on by default, repeatable.
 KINDS = ("value", "flag", "negatable", "list")
 
@@ -170,17 +172,22 @@ def override(doc: dict, sets: list[str] | None, file: str) -> dict:
 
 
 def _expand(value: Any, names: dict[str, str], where: str) -> Any:
-    """``{run}``, ``{name}``, ``{target}`` replaced in a value (and in each item of a list)."""
+    """``{run}``, ``{name}``, ``{target}`` and ``{record:STEP}`` replaced in a value (and in each item of a list)."""
     if isinstance(value, list):
         return [_expand(v, names, where) for v in value]
     if not isinstance(value, str):
         return value
 
     def one(match: re.Match) -> str:
-        if match.group(1) not in names:
-            raise _bad("unknown placeholder", where, "{" + "}, {".join(names) + "}", match.group(0),
-                       ["{" + n + "}" for n in names])
-        return names[match.group(1)]
+        if match.group(1) in names:
+            return names[match.group(1)]
+        if match.group(1).startswith(_RECORD):
+            raise BadInput("no record to refer to", where=where,
+                           expected="{record:STEP} of an earlier step that records (its record option, or "
+                           "--record-prefix)", found=match.group(0))
+        plain = [n for n in names if not n.startswith(_RECORD)]
+        raise _bad("unknown placeholder", where, "{" + "}, {".join(plain) + "} or {record:STEP}", match.group(0),
+                   ["{" + n + "}" for n in names])
 
     return _PLACEHOLDER.sub(one, value)
 
@@ -265,6 +272,8 @@ def load(path: str | Path, tasks: dict[str, TaskOptions], *, sets: list[str] | N
         if record_prefix and "record" in spec.options and given.get("record") is None:
             given["record"] = record_name(record_prefix, str(key))
             check_name(given["record"], f"--record-prefix {record_prefix}")
+        if given.get("record"):
+            names[_RECORD + str(key)] = str(given["record"])
         step = Step(key=str(key), task=task, options=given)
         step.argv = _argv(step, spec, {"target": target, "device": device, "nproc": nproc if nproc > 1 else None},
                           where)
