@@ -11,14 +11,9 @@ through a runner (by default ``python -m invoke ...`` from the repository root, 
 the first failure and keeps the state file ``{run}/recipe-state.json`` (written atomically after every step:
 each step's command, exit code and finished time); ``run_recipe`` does all of it for ``invoke recipe``.
 
-A recipe::
-
-    name: smollm2-135m-r6        # run folder .eaglekb/runs/<name>/ unless --run-dir
-    target: smollm2-135m         # given as --target to every step whose task has it (vocab.build aside)
-    device: cuda                 # cpu | cuda: --device of every step that has it
-    nproc: 1                     # > 1: --nproc N to the steps that have it (datagen, finetune: one per GPU)
-    steps:                       # in order; a key is a task (TASK@LABEL runs a task twice), a value its options
-      datagen: {corpus: [wiki, chitchat], out: "{run}/data"}
+A recipe (docs/howto/recipes.md): ``name`` (the run folder .eaglekb/runs/<name>/ unless --run-dir), ``target``,
+``device`` and ``nproc`` (given to every step whose task has that option), ``steps`` (in order: task -> options;
+TASK@LABEL runs a task twice), e.g. ``steps: {datagen: {corpus: [wiki], out: "{run}/data"}}``.
 
 The rules of a run, beside the format:
 
@@ -182,11 +177,9 @@ def _expand(value: Any, names: dict[str, str], where: str) -> Any:
         if match.group(1) in names:
             return names[match.group(1)]
         if match.group(1).startswith(_RECORD):
-            raise BadInput("no record to refer to", where=where,
-                           expected="{record:STEP} of an earlier step that records (its record option, or "
-                           "--record-prefix)", found=match.group(0))
-        plain = [n for n in names if not n.startswith(_RECORD)]
-        raise _bad("unknown placeholder", where, "{" + "}, {".join(plain) + "} or {record:STEP}", match.group(0),
+            raise BadInput("no record to refer to", where=where, found=match.group(0), expected="{record:STEP} "
+                           "of an earlier step that records (its record option, or --record-prefix)")
+        raise _bad("unknown placeholder", where, "{run}, {name}, {target} or {record:STEP}", match.group(0),
                    ["{" + n + "}" for n in names])
 
     return _PLACEHOLDER.sub(one, value)
