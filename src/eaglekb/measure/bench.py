@@ -306,19 +306,17 @@ def serve_best(cfg: BenchConfig, metrics: dict, specs: list[SpecConfig], target_
     if best is None:
         return {}
     pays = metrics[spec_name(best)]["vs_engine_x"] > 1.0
+    point = {"steps_count": best.steps, "topk_count": best.topk, "draft_tokens_count": best.draft_tokens,
+             "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"]}
     if pays and unservable:
-        return {"metrics": {"steps_count": best.steps, "topk_count": best.topk, "draft_tokens_count": best.draft_tokens,
-                            "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"]},
-                "config": {"method": spec_name(best), "pays": pays, "sglang_flags": None, "sglang_command": None,
-                           "sglang_refusal": unservable}}
+        return {"metrics": point, "config": {"method": spec_name(best), "pays": pays, "sglang_flags": None,
+                                             "sglang_command": None, "sglang_refusal": unservable}}
     dtype = cfg.dtype if cfg.device.startswith("cuda") else None
     cmd = launch_command(LaunchConfig(model_path=target_path, draft_model_path=cfg.drafter if pays else None,
                                       steps=best.steps, topk=best.topk, draft_tokens=best.draft_tokens, dtype=dtype))
     flags = cmd[cmd.index("--speculative-algorithm"):] if pays else []
-    return {"metrics": {"steps_count": best.steps, "topk_count": best.topk, "draft_tokens_count": best.draft_tokens,
-                        "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"]},
-            "config": {"method": spec_name(best), "pays": pays, "sglang_flags": command_line(flags),
-                       "sglang_command": command_line(cmd)}}
+    return {"metrics": point, "config": {"method": spec_name(best), "pays": pays, "sglang_flags": command_line(flags),
+                                         "sglang_command": command_line(cmd)}}
 
 
 def _summary(metrics: dict, specs: list[SpecConfig]) -> str:

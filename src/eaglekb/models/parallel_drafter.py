@@ -2,11 +2,11 @@
 
 Owns: reading the method field of a drafter's ``config.json`` (``eaglekb.formats.drafter.METHOD_FIELD``:
 ``"eagle3"``, absent, or ``"p-eagle"`` with ``TOKENS_FIELD``: the k tokens one pass proposes) with ``method_of`` /
-``parallel_tokens_of`` (read and check them), ``add_mask_inputs`` (the two learned vectors ``Eagle3Drafter`` holds when its config says p-eagle:
-``mask_embed`` ``[H]`` and ``mask_hidden`` ``[3*target_H]``, the inputs of the positions not yet known; its
-``parallel_tokens`` is then k, else 0), ``mask_inputs`` / ``draft_pass`` (the module's one pass) and
-``to_parallel`` (an EAGLE-3 drafter, or a P-EAGLE one, as a P-EAGLE drafter of k tokens: the same weights, fresh
-mask vectors).
+``parallel_tokens_of`` (read and check them), ``add_mask_inputs`` (the two learned vectors ``Eagle3Drafter``
+holds when its config says p-eagle: ``mask_embed`` ``[H]`` and ``mask_hidden`` ``[3*target_H]``, the inputs of
+the positions not yet known; its ``parallel_tokens`` is then k, else 0), ``mask_inputs`` / ``draft_pass`` (the
+module's one pass) and ``to_parallel`` (an EAGLE-3 drafter, or a P-EAGLE one, as a P-EAGLE drafter of k tokens:
+the same weights, fresh mask vectors).
 
 The contract (the one ``eaglekb.training.parallel`` trains and ``eaglekb.engine.parallel`` drafts with; read from
 SpecForge's ``PEagleDraftModel`` / ``OnlinePEagleModel``, written here for the one-layer EAGLE-3 drafter):
