@@ -287,3 +287,45 @@ def test_a_record_prefix_the_baselines_refuse_is_one_line_before_any_step(tmp_pa
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: not an accepted value; in --record-prefix aaa")
     assert not (tmp_path / "run").exists()
+
+
+SERVERS = """\
+name: servers
+target: smollm2-135m
+always: [sglang.stop@spec, sglang.stop@plain]
+steps:
+  sglang.launch@plain: {port: 30000}
+  sglang.launch@spec: {drafter: drafters/smollm2-135m-default, port: 30001}
+  bench.sglang: {url: "http://127.0.0.1:30001", plain_url: "http://127.0.0.1:30000"}
+  sglang.profile: {url: "http://127.0.0.1:30001"}
+  sglang.stop@spec: {port: 30001}
+  sglang.stop@plain: {port: 30000}
+"""
+
+
+def test_always_steps_run_after_a_failure_and_the_run_keeps_its_code(tmp_path):
+    """``always``: a recipe that started servers stops them even when a step between fails; the steps after the
+    failure that are not ``always`` do not run, and the run's exit code is the failed step's."""
+    runner = FakeRunner({"bench.sglang": 4})
+    outcome = run(load(tmp_path, SERVERS), runner)
+    assert (outcome.code, outcome.failed) == (4, "bench.sglang")
+    assert [(a[1], a[-1]) for a in runner.calls][-2:] == [("sglang.stop", "30001"), ("sglang.stop", "30000")]
+    assert "sglang.profile" not in [a[1] for a in runner.calls]
+    state = json.loads((tmp_path / "run" / lib.STATE_FILE).read_text())
+    assert state["steps"]["sglang.stop@plain"]["exit_code"] == 0 and "sglang.profile" not in state["steps"]
+    with pytest.raises(BadInput, match="always steps ran after a step failed") as exc:  # they stopped the servers
+        run(load(tmp_path, SERVERS), FakeRunner(), resume=True)
+    assert "--from STEP" in exc.value.line() and "sglang.stop@spec" in exc.value.line()
+    again = FakeRunner()  # --from the first launch: the servers start again
+    assert run(load(tmp_path, SERVERS), again, start="sglang.launch@plain", explicit=True).code == 0
+    assert len(again.calls) == 6
+    clean = FakeRunner()  # without a failure, every step once
+    assert run(load(tmp_path, SERVERS, run_dir=tmp_path / "r2"), clean).code == 0 and len(clean.calls) == 6
+
+
+@pytest.mark.parametrize("value", ["[sglang.stop@nothing]", "sglang.stp@plain", "[{a: 1}]"])
+def test_always_names_steps_of_the_recipe(tmp_path, value):
+    text = SERVERS.replace("always: [sglang.stop@spec, sglang.stop@plain]", f"always: {value}")
+    with pytest.raises(BadInput, match="always names no step of the recipe") as exc:
+        load(tmp_path, text)
+    assert "r.yaml: always" in exc.value.line() and "Traceback" not in exc.value.line()

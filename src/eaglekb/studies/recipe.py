@@ -1,27 +1,21 @@
 """Recipes: a whole training pipeline (datagen, vocab, finetune, probe, bench) as one YAML file, run in order.
 
-Owns the recipe format and its run: ``load`` reads a recipe (``io.strict_yaml``; strict keys: an unknown
-top-level key, an unknown step task or an option the task does not have is one line naming the file, the key
-and the nearest valid name), applies ``--set`` overrides and expands ``{run}`` (the run folder), ``{name}``,
-``{target}`` and ``{record:STEP}`` (the record an earlier step writes, e.g. a plan a later bench prices with);
-``select`` picks the steps of ``--only`` / ``--from``; ``plan`` turns each step into its exact command
-(``invoke datagen --target ... --out ...``) and, with ``--resume``, marks the steps the run folder's state already
-records as finished with the same command; ``execute`` runs the planned commands one by one
-through a runner (by default ``python -m invoke ...`` from the repository root, its output streamed), stops at
-the first failure and keeps the state file ``{run}/recipe-state.json`` (written atomically after every step:
-each step's command, exit code and finished time); ``run_recipe`` does all of it for ``invoke recipe``.
-
-A recipe (docs/howto/recipes.md): ``name`` (the run folder .eaglekb/runs/<name>/ unless --run-dir), ``target``,
-``device`` and ``nproc`` (given to every step whose task has that option), ``steps`` (in order: task -> options;
-TASK@LABEL runs a task twice), e.g. ``steps: {datagen: {corpus: [wiki], out: "{run}/data"}}``.
+Owns the recipe format (docs/howto/recipes.md) and its run. ``load`` reads a recipe (``io.strict_yaml``; an unknown
+key, task or option is one line naming the file, the key and the nearest valid name), applies ``--set`` and
+expands ``{run}``, ``{name}``, ``{target}`` and ``{record:STEP}`` (the record an earlier step writes); ``select``
+picks ``--only`` / ``--from``; ``plan`` turns each step into its exact command and, with ``--resume``, marks the
+steps the state already records as finished with the same command; ``execute`` runs them one by one through a
+runner (by default ``python -m invoke ...`` from the repository root), stops at the first failure (then runs
+only the recipe's ``always`` steps, e.g. stopping servers it started) and keeps ``{run}/recipe-state.json``
+(written atomically after every step); ``run_recipe`` does all of it for ``invoke recipe``.
 
 The rules of a run, beside the format:
 
 * Without ``--resume``, a run folder whose state records a finished step is refused unless ``--only`` or
   ``--from`` says which steps to run again (a changed option never silently mixes two runs' outputs).
 * With ``--resume``, a step recorded as finished with the same command is skipped; from the first step that
-  runs, every later selected step runs too (its inputs may have changed). A step with a resume option
-  (finetune's ``--resume``) gets it when its output folder holds a checkpoint.
+  runs, every later selected step runs too. A step with a resume option (finetune's ``--resume``) gets it when
+  its output folder holds a checkpoint.
 
 Knows nothing about the task runner: the caller passes each task's options (``TaskOptions``), how to find a
 run folder's newest checkpoint, and may pass another runner (the tests' fake one).
@@ -43,7 +37,7 @@ from eaglekb.io import strict_yaml
 from eaglekb.io.errors import BadInput
 from eaglekb.io.files import atomic_write_json, not_a_file, read_json, read_text
 
-TOP_KEYS = ("name", "target", "device", "nproc", "steps")
+TOP_KEYS = ("name", "target", "device", "nproc", "always", "steps")  # --set takes all but steps
 DEVICES = ("cpu", "cuda")
 STATE_FILE = "recipe-state.json"
 RUNS = Path(".eaglekb") / "runs"
@@ -92,6 +86,7 @@ class Recipe:
     nproc: int
     steps: list[Step]
     root: Path
+    always: tuple[str, ...] = ()  # steps that still run after one fails (stopping the servers the recipe started)
 
 
 @dataclass
@@ -116,9 +111,6 @@ def _bad(what: str, where: str, expected: str, found: Any, choices: list[str] | 
 
 def _norm(key: Any) -> str:
     return str(key).replace("-", "_")
-
-
-# --------------------------------------------------------------------------- reading
 
 
 def read(path: str | Path) -> dict:
@@ -148,7 +140,7 @@ def override(doc: dict, sets: list[str] | None, file: str) -> dict:
         key = key.strip()
         if "." not in key:
             if _norm(key) not in TOP_KEYS or _norm(key) == "steps":
-                raise _bad("unknown top-level key", f"--set {item}", "name, target, device or nproc", key,
+                raise _bad("unknown top-level key", f"--set {item}", ", ".join(TOP_KEYS[:-1]), key,
                            list(TOP_KEYS[:-1]))
             doc[_norm(key)] = value
             continue
@@ -272,7 +264,17 @@ def load(path: str | Path, tasks: dict[str, TaskOptions], *, sets: list[str] | N
                           where)
         steps.append(step)
     return Recipe(file=file, name=name, run=run, run_text=run_text, target=target, device=device, nproc=nproc,
-                  steps=steps, root=root)
+                  steps=steps, root=root, always=_always(doc.get("always"), [s.key for s in steps], file))
+
+
+def _always(value: Any, keys: list[str], file: str) -> tuple[str, ...]:
+    """``always: [STEP, ...]``: steps of this recipe that run even after an earlier step failed."""
+    items = [] if value is None else value if isinstance(value, list) else [value]
+    for item in items:
+        if str(item) not in keys:
+            raise _bad("always names no step of the recipe", f"{file}: always", "steps of the recipe: "
+                       + ", ".join(keys), item, keys)
+    return tuple(str(item) for item in items)
 
 
 def _word(value: Any, option: str, where: str) -> str:
@@ -322,9 +324,6 @@ def _argv(step: Step, spec: TaskOptions, shared: dict[str, Any], where: str) -> 
     return argv
 
 
-# --------------------------------------------------------------------------- choosing and planning
-
-
 def select(recipe: Recipe, only: str | None = None, start: str | None = None) -> list[Step]:
     """The steps ``--only STEP[,STEP]`` or ``--from STEP`` picks (all of them without either), in recipe order."""
     keys = [s.key for s in recipe.steps]
@@ -348,13 +347,9 @@ def select(recipe: Recipe, only: str | None = None, start: str | None = None) ->
     return list(recipe.steps)
 
 
-def state_path(recipe: Recipe) -> Path:
-    return recipe.run / STATE_FILE
-
-
 def read_state(recipe: Recipe) -> dict:
     """The run folder's state (empty when there is none yet)."""
-    path = state_path(recipe)
+    path = recipe.run / STATE_FILE
     if not path.is_file():
         return {"steps": {}}
     doc = read_json(path, what="recipe state")
@@ -376,10 +371,14 @@ def plan(recipe: Recipe, steps: list[Step], tasks: dict[str, TaskOptions], *, re
     state = read_state(recipe)
     done = [s.key for s in steps if (state["steps"].get(s.key) or {}).get("exit_code") == 0]
     if done and not resume and not explicit and not dry_run:
-        raise BadInput("the run folder holds finished steps", where=str(state_path(recipe)),
+        raise BadInput("the run folder holds finished steps", where=str(recipe.run / STATE_FILE),
                        expected="a new run folder, or --resume", found="finished: " + ", ".join(done),
                        fix="add --resume to continue (finished steps with unchanged options are skipped), "
                            "--from STEP or --only STEP to run steps again, or --run-dir for a new run")
+    undone = [k for k, rec in state["steps"].items() if (rec or {}).get("after_failure")]
+    if resume and undone:  # they may have undone what finished steps set up (a server a launch step started)
+        raise BadInput("the recipe's always steps ran after a step failed", where=str(recipe.run / STATE_FILE),
+                       expected="--from STEP: the first step to run again", found="ran: " + ", ".join(undone))
     out, running = [], False
     for step in steps:
         if resume and not running and finished(state, step):
@@ -410,9 +409,6 @@ def render_plan(recipe: Recipe, planned: list[Planned]) -> str:
     return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------- running
-
-
 def run_command(argv: list[str], cwd: Path) -> int:
     """``invoke ...`` as ``python -m invoke ...`` of this Python, from ``cwd``, its output streamed."""
     sys.stdout.flush()
@@ -426,7 +422,7 @@ def _now() -> str:
 def _save(recipe: Recipe, state: dict) -> None:
     state.update(recipe=recipe.file, name=recipe.name, run=recipe.run_text)
     recipe.run.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(state_path(recipe), state)
+    atomic_write_json(recipe.run / STATE_FILE, state)
 
 
 @dataclass
@@ -439,10 +435,13 @@ class Outcome:
 
 def execute(recipe: Recipe, planned: list[Planned], *, runner: Runner = run_command,
             log: Callable[[str], None] = lambda line: None) -> Outcome:
-    """Run the planned steps in order, the state saved after each; stops at the first that fails."""
+    """Run the planned steps in order, the state saved after each; after the first that fails only the recipe's
+    ``always`` steps run (the run's exit code stays the failed step's)."""
     state = read_state(recipe)
     outcome = Outcome(code=0, ran=[], skipped=[])
     for i, p in enumerate(planned, 1):
+        if outcome.failed and p.step.key not in recipe.always:
+            continue
         if p.skip:
             log(f"[{i}/{len(planned)}] skip {p.step.key}: {p.skip}")
             outcome.skipped.append(p.step.key)
@@ -450,6 +449,8 @@ def execute(recipe: Recipe, planned: list[Planned], *, runner: Runner = run_comm
         log(f"[{i}/{len(planned)}] {p.command}" + (f"  # {p.note}" if p.note else ""))
         state["steps"][p.step.key] = {"command": p.command, "recipe_command": p.step.command, "exit_code": None,
                                       "started": _now(), "finished": None}
+        if outcome.failed:
+            state["steps"][p.step.key]["after_failure"] = outcome.failed
         _save(recipe, state)
         code = 130
         try:
@@ -458,18 +459,9 @@ def execute(recipe: Recipe, planned: list[Planned], *, runner: Runner = run_comm
             state["steps"][p.step.key].update(exit_code=code, finished=_now())
             _save(recipe, state)
         outcome.ran.append(p.step.key)
-        if code != 0:
+        if code != 0 and not outcome.failed:
             outcome.code, outcome.failed = code, p.step.key
-            break
     return outcome
-
-
-def check_file(path: str | Path) -> Path:
-    """The recipe file, or one line when it is missing."""
-    p = Path(str(path))
-    if not p.is_file():
-        raise not_a_file(p, "recipe file", "a recipe .yaml (see recipes/)")
-    return p
 
 
 def run_recipe(path: str | Path, tasks: dict[str, TaskOptions], *, root: str | Path, sets: list[str] | None = None,
@@ -480,7 +472,9 @@ def run_recipe(path: str | Path, tasks: dict[str, TaskOptions], *, root: str | P
                runner: Runner = run_command, log: Callable[[str], None] = lambda line: None) -> dict:
     """``invoke recipe``: read and check the recipe, choose and plan its steps, then print the plan
     (``dry_run``) or run it. Returns the run's document; ``exit_code`` is the failing step's code (0: none)."""
-    recipe = load(check_file(path), tasks, sets=sets, run_dir=run_dir, root=root,
+    if not Path(str(path)).is_file():
+        raise not_a_file(Path(str(path)), "recipe file", "a recipe .yaml (see recipes/)")
+    recipe = load(path, tasks, sets=sets, run_dir=run_dir, root=root,
                   record_prefix=record_prefix, check_name=check_name)
     if recipe.run.exists() and not recipe.run.is_dir():  # refused before any step runs, not after the first
         raise BadInput("run folder is not a folder", where=f"--run-dir {run_dir}" if run_dir else str(recipe.run),
