@@ -16,8 +16,9 @@ from runbooks._common import cli_errors, emit, task
 from runbooks._options import BASELINE_NAME
 
 #: Tasks whose shared recipe values would change what they do: vocab.build's --target only renders --corpus
-#: text (with --dataset it is refused as having no effect), so a recipe's target is not given to it.
-NOT_SHARED = {"vocab.build": {"target"}}
+#: text (with --dataset it is refused as having no effect) and sglang.install's --target is the folder it installs
+#: into, so a recipe's target is given to neither.
+NOT_SHARED = {"vocab.build": {"target"}, "sglang.install": {"target"}}
 #: Each task's option that continues from the newest checkpoint in its --out folder (used with --resume).
 RESUME_OPTIONS = {"finetune": "resume"}
 

@@ -70,6 +70,9 @@ def test_commands_are_built_from_the_recipe_with_shared_values(tmp_path):
     assert "--target" not in cmds["vocab.build"]  # only renders --corpus text: never given the recipe's target
     assert cmds["finetune"].endswith("--compile off --profile --out " + f"{run_text}/train")
     assert "--peers ''" in cmds["bench"]
+    # sglang.install's --target is the folder it installs into: the recipe's target (a model) never fills it
+    with pytest.raises(BadInput, match="missing required option of invoke sglang.install"):
+        load(tmp_path, SMALL.replace("steps:\n", "steps:\n  sglang.install: {pieces: .eaglekb/sglang/stack}\n"))
 
 
 def test_default_run_folder_is_under_the_root_and_written_relative(tmp_path):
