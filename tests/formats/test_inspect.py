@@ -44,14 +44,15 @@ def test_clean_drafter_has_no_findings(clean):
 
 
 def test_a_p_eagle_drafter_is_reported_as_one_sglang_cannot_serve(tmp_path):
-    """A P-EAGLE drafter (eaglekb_method p-eagle): one error that says why SGLang cannot serve it, in place of two
-    warnings about fields SGLang ignores."""
+    """A P-EAGLE drafter (eaglekb_method p-eagle): one error that says why SGLang cannot serve it, in place of
+    warnings about the fields and tensors SGLang ignores."""
     from eaglekb.models.drafter import save_drafter
     from eaglekb.models.parallel_drafter import to_parallel
     from helpers.models import tiny_drafter
 
     r = inspect_checkpoint(save_drafter(to_parallel(tiny_drafter(), 3), tmp_path / "p-eagle"))
     assert "parallel-drafter" in codes(r, "error") and "config-unknown-field" not in codes(r)
+    assert "ignored-key" not in codes(r)  # its mask tensors are named once, in the parallel-drafter error
     msg = next(f["message"] for f in r["findings"] if f["code"] == "parallel-drafter")
     assert "'p-eagle' (3 tokens in one drafter pass)" in msg and "invoke bench" in msg
     assert "parallel-drafter" not in codes(inspect_checkpoint(save_drafter(tiny_drafter(), tmp_path / "eagle3")))

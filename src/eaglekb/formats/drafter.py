@@ -70,6 +70,7 @@ METHOD_FIELD = "eaglekb_method"
 TOKENS_FIELD = "parallel_draft_tokens"
 EAGLE3 = "eagle3"
 P_EAGLE = "p-eagle"
+MASK_KEYS = ("mask_embed", "mask_hidden")  # a P-EAGLE drafter's learned mask inputs, beside the EAGLE-3 tensors
 
 
 def not_servable_by_sglang(doc: dict) -> str | None:
@@ -80,7 +81,7 @@ def not_servable_by_sglang(doc: dict) -> str | None:
         return None
     k = doc.get(TOKENS_FIELD)
     return (f"{METHOD_FIELD} {P_EAGLE!r} ({k} tokens in one drafter pass): SGLang's EAGLE3 drafts a chain, one pass "
-            "a token, and skips mask_embed and mask_hidden; SGLang has no parallel drafting")
+            "a token, and skips " + " and ".join(MASK_KEYS) + "; SGLang has no parallel drafting")
 
 
 # Standard HF / SpecForge config.json fields a drafter config may carry without effect here.

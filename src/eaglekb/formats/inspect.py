@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from eaglekb.formats.drafter import (
+    MASK_KEYS,
     METHOD_FIELD,
     OPTIONAL_KEYS,
     REQUIRED_KEYS,
@@ -169,7 +170,8 @@ def _normalise(config: dict, tensors: dict) -> tuple[str, dict, dict[str, str], 
 
 def _check_keys(config: dict, names: dict[str, str], findings: list) -> None:
     """Tensors SGLang would skip silently, and required ones that are absent."""
-    known = _KNOWN | ({"fc.bias"} if config.get("bias") else set())
+    known = _KNOWN | ({"fc.bias"} if config.get("bias") else set()) | \
+        (set(MASK_KEYS) if not_servable_by_sglang(config) else set())  # reported once, as parallel-drafter
     for canon, stored in sorted(names.items(), key=lambda kv: kv[1]):
         if canon not in known:
             near = difflib.get_close_matches(canon, sorted(_KNOWN), n=1, cutoff=0.8)

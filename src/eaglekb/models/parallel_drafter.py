@@ -32,7 +32,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from eaglekb.formats.drafter import EAGLE3, METHOD_FIELD, P_EAGLE, TOKENS_FIELD, DrafterConfig
+from eaglekb.formats.drafter import EAGLE3, MASK_KEYS, METHOD_FIELD, P_EAGLE, TOKENS_FIELD, DrafterConfig
 from eaglekb.io.errors import BadInput, Incompatible, SchemaError
 
 METHODS = (EAGLE3, P_EAGLE)
@@ -106,7 +106,7 @@ def to_parallel(drafter, k: int, *, seed: int = 0, std: float = 0.02):
     ref = next(drafter.parameters())
     out = out.to(device=ref.device, dtype=ref.dtype)
     missing, unexpected = out.load_state_dict(drafter.state_dict(), strict=False)
-    if unexpected or set(missing) != {"mask_embed", "mask_hidden"}:
+    if unexpected or set(missing) != set(MASK_KEYS):
         raise Incompatible("drafter weights do not fit P-EAGLE", where="drafter",
                            expected="an EAGLE-3 drafter's weights", found=str((unexpected or missing)[:1]))
     gen = torch.Generator().manual_seed(seed)
