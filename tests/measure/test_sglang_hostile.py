@@ -216,6 +216,14 @@ def test_prompt_sets_sharing_a_key_are_refused_before_any_request(tmp_path):
         sglang_bench.run(cfg, progress=False)
 
 
+@pytest.mark.parametrize("what, match", [("missing.txt", "unknown prompt set"), ("short.txt", "fewer prompts")])
+def test_a_bad_prompts_file_is_named_before_any_server_is_asked(tmp_path, what, match):
+    (tmp_path / "short.txt").write_text("one\n")
+    cfg = sglang_bench.SGLangBenchConfig(url="http://127.0.0.1:9", prompts=[str(tmp_path / what)], num_prompts=4)
+    with pytest.raises(BadInput, match=match):  # not "server unreachable": the file is what the user got wrong
+        sglang_bench.run(cfg, progress=False)
+
+
 def test_a_prompts_file_is_keyed_by_its_name_and_recordable(tiny_pair, tmp_path):
     from eaglekb.kb import baselines
 

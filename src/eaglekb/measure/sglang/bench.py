@@ -379,6 +379,7 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     if cfg.plan is not None and not cfg.engine:
         raise BadInput("a prediction needs our engine's accept length on the same prompts", where="--plan",
                        expected="--engine beside --plan", found="no --engine")
+    sets = {name: eval_prompts(name, cfg.num_prompts) for name in cfg.prompts}  # bad prompts before any server
     client = SGLangClient(cfg.url, option="--url")
     plain = SGLangClient(cfg.plain_url, option="--plain-url") if cfg.plain_url else None
     info = client.server_info()
@@ -395,7 +396,6 @@ def run(cfg: SGLangBenchConfig, *, progress: bool = True) -> SGLangReport:
     else:
         from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(target_path)
-    sets = {name: eval_prompts(name, cfg.num_prompts) for name in cfg.prompts}
     encoded = {n: runsetup.encode(tok, s, max_prompt_tokens=cfg.max_prompt_tokens) for n, s in sets.items()}
     engine, sc = _load_engine(cfg, spec, [p for ps in encoded.values() for p in ps], loaded) if loaded else (None, None)
     methods: dict = {"sglang": _sglang_method(client, cfg.max_new_tokens)}
