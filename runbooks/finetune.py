@@ -131,7 +131,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
              record=None, compare=None, threads=None, stop_after=None, min_lr_frac=0.0, batching="random",
              amp=None, compile="auto", loss_chunk=4096, profile=False, resume_from=None, pieces_out=None,
              piece_mib=16.0, new_data=False, time_budget_s=None, method="eagle3", parallel_tokens=4):
-    """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length."""
+    """Train a drafter; report per-step accuracy (full, conditional) and simulated accept length, mixed and per source."""
     with cli_errors():
         from pathlib import Path
 

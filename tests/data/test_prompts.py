@@ -105,3 +105,11 @@ def test_training_prompts_refuse_a_file_holding_an_evaluation_prompt(tmp_path):
     assert "builtin" in err.value.line() and "mine.jsonl:2" in err.value.line()
     f.write_text("Tell me a joke.\n")
     assert len(prompts.training_prompts(prompts_file=str(f))) == 1
+
+
+def test_the_source_of_prompt_and_sequence_ids():
+    ps = _set("gsm8k", ["a", "b"])
+    assert [prompts.source_of(p.id) for p in ps.prompts] == ["gsm8k", "gsm8k"]
+    assert prompts.source_of("wiki-instruct:Star Wars: Episode I#3@t0.8#1") == "wiki-instruct"
+    assert prompts.source_of("p.jsonl:4") == "p.jsonl" and prompts.source_of("no-colon") == "unknown"
+    assert prompts.source_key("p.jsonl") == "p_jsonl" and prompts.source_key("_x") == "x"

@@ -39,6 +39,10 @@ def test_two_process_gloo_ddp_agrees_with_one_process(data, tmp_path):
     mp.spawn(_ddp_worker, args=(2, str(tmp_path / "store"), doc), nprocs=2, join=True)
     two = json.loads((tmp_path / "two" / METRICS).read_text())
     assert two["world_size"] == 2
+    per, mixed = two["val"]["by_source"]["t"], two["val"]  # the per-source sums reduced over processes too
+    assert per["positions"] == mixed["positions"] == single["val"]["positions"]
+    assert per["acc0"] == pytest.approx(mixed["acc"][0]) and per["simulated_acc_len"] == pytest.approx(
+        mixed["simulated_acc_len"])
     for step, loss in single["history"]["train_loss"].items():
         assert two["history"]["train_loss"][step] == pytest.approx(loss, abs=1e-4)
     a, b = load_drafter(tmp_path / "one" / "drafter"), load_drafter(tmp_path / "two" / "drafter")

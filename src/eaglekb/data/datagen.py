@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from eaglekb.data.chat import chat_prefix_ids, conversation_ids
 from eaglekb.data.features import featurise, pack, save_target_head
 from eaglekb.data.generation import (EngineGenerator, generate_responses, load_target, progress_bar,
                                      regenerate_via_server)
+from eaglekb.data.prompts import source_key, source_of
 from eaglekb.formats.shards import (FORMAT, FORMAT_VERSION, HEAD_FILE, MANIFEST, SHARD_GLOB, read_manifest,
                                     shard_name, write_shard)
 from eaglekb.io.errors import BadInput, Incompatible
@@ -366,12 +366,11 @@ def _rows(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str, 
     return rows
 
 
-def _by_source(rows: list[tuple], sources: dict[str, str]) -> dict[str, dict]:
-    """Sequences, tokens and loss tokens per prompt source (the domains of the mix)."""
+def _by_source(rows: list[tuple]) -> dict[str, dict]:
+    """Sequences, tokens and loss tokens per prompt source (the domains of the mix; ``source_of`` each id)."""
     out: dict[str, dict] = {}
     for seq, mask, sid in rows:
-        src = sources.get(sid.split("@t")[0], "unknown")
-        d = out.setdefault(src, {"sequences": 0, "tokens": 0, "loss_tokens": 0})
+        d = out.setdefault(source_of(sid), {"sequences": 0, "tokens": 0, "loss_tokens": 0})
         d["sequences"] += 1
         d["tokens"] += len(seq)
         d["loss_tokens"] += int(sum(mask))
@@ -386,7 +385,7 @@ def _shard(target, chunk: list, s: int, cfg: DatagenConfig, responses: dict[str,
     if not rows:
         return None
     meta = {"prompt_ids_sha256": hashlib.sha256("\n".join(r[2] for r in rows).encode()).hexdigest(),
-            "by_source": _by_source(rows, {p.id: p.source for p in chunk})}
+            "by_source": _by_source(rows)}
     return pack(parts, [len(r[0]) for r in rows]), meta, [r[2] for r in rows]
 
 
@@ -464,12 +463,6 @@ def build(target_path: str | Path, prompts, out: str | Path, cfg: DatagenConfig,
     return manifest
 
 
-def _metric_key(name: str) -> str:
-    """A source name as a metric key (lower case, letters, digits and underscores)."""
-    key = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")
-    return key if key and key[0].isalnum() else f"s_{key}"
-
-
 def storage_report(manifest: dict) -> dict:
     """The numbers a recorded datagen run keeps (units in the names)."""
     tot, last, ident = manifest["totals"], manifest.get("last_run", {}), manifest["identity"]
@@ -481,7 +474,7 @@ def storage_report(manifest: dict) -> dict:
         "generate_tok_s": last.get("generate_tok_s"), "features_tok_s": last.get("features_tok_s"),
         "wall_s": last.get("wall_s"), "processes_count": last.get("processes_count", 1),
         "responses_per_prompt_count": len(ident["config"].get("sample_temperatures") or ()) + 1,
-        "by_source": {_metric_key(src): {"sequences_count": d["sequences"], "tokens_count": d["tokens"],
+        "by_source": {source_key(src): {"sequences_count": d["sequences"], "tokens_count": d["tokens"],
                                          "loss_tokens_count": d["loss_tokens"]}
                       for src, d in (tot.get("by_source") or {}).items()},
     }

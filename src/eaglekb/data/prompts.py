@@ -18,6 +18,8 @@ Owns:
 * slices of a mix (``--slice K/N``: ``parse_slice``, ``item_key``, ``slice_of``, ``take_slice``):
   each prompt goes to a slice by a stable hash of its underlying item, so N sessions generate
   disjoint parts of one mix that together are all of it, never splitting an item's variants;
+* the source an id names (``source_of``: prompt ids are ``SOURCE:KEY``, dataset sequence ids add
+  ``@tT#k`` for sampled responses) and a source name as a metric key (``source_key``);
 * ``eval_prompts``: an evaluation set by name (``builtin``, a held-out corpora set
   such as ``gsm8k-eval``, ``NAME-heldout`` for the held-out split of training corpus NAME, or
   a prompts file) for probe and bench.
@@ -137,7 +139,7 @@ def read_prompt_sets(path: str | Path, names: Sequence[str], *,
             sets = "|".join(f'"{k}"' for k in names)
             raise BadInput("not a prompt-sets line", where=where,
                            expected=f'{{"set": {sets}, "id": "...", "messages": [...]}}', found=line[:80])
-        rows[row["set"]].append(Prompt(id=row["id"], source=row["id"].split(":")[0], messages=_messages(row, where)))
+        rows[row["set"]].append(Prompt(id=row["id"], source=source_of(row["id"]), messages=_messages(row, where)))
     empty = [k for k, v in rows.items() if not v]
     if empty:
         raise BadInput("a prompt set is empty", where=str(path), expected=f"prompts in sets {', '.join(names)}",
@@ -189,6 +191,20 @@ def parse_slice(spec: str | None) -> tuple[int, int] | None:
         raise BadInput("not a slice", where="--slice", expected="K/N with 1 <= K <= N (slice K of N, e.g. 1/3)",
                        found=repr(str(spec))[:80])
     return int(k), int(n)
+
+
+def source_of(sequence_id: str) -> str:
+    """The source (corpus, prompts file, ``builtin``) of a prompt id or of a dataset sequence id made from one: the
+    part before its first ':' (``gsm8k:12`` and the sampled ``gsm8k:12@t0.8#1`` -> ``gsm8k``); ``unknown`` without
+    one. Every prompt id is ``SOURCE:KEY``, so datagen's counts and training's validation read the same source."""
+    name, sep, _ = sequence_id.partition(":")
+    return name if sep and name else "unknown"
+
+
+def source_key(name: str) -> str:
+    """A source name as a metric key (lower case, letters, digits and underscores)."""
+    key = re.sub(r"[^a-z0-9_]+", "_", name.lower()).strip("_")
+    return key if key and key[0].isalnum() else f"s_{key}"
 
 
 def item_key(prompt_id: str) -> str:

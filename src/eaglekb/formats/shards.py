@@ -10,7 +10,8 @@ sequences end to end: ``input_ids`` (int32), ``loss_mask`` (uint8), optionally
 
 Owns: reading (``read_manifest``, ``read_shard_tensor``, ``open_dataset`` -> ``Dataset``
 with per-sequence reads, checked against the manifest by size or sha256: token ids and
-loss masks held in memory per shard, stored features memory-mapped) and writing one shard file atomically (``write_shard``). Every read and write
+loss masks held in memory per shard, stored features memory-mapped, sequence ids read from
+each shard's header once) and writing one shard file atomically (``write_shard``). Every read and write
 goes through ``eaglekb.io.files`` (one error conversion for unreadable files).
 
 Knows nothing about targets, generation, features or training: it stores tensors.
@@ -90,6 +91,7 @@ class Dataset:
     index: list[tuple[int, int]] = field(default_factory=list)  # global sequence -> (shard, local)
     _handles: dict = field(default_factory=dict, repr=False)  # open shard readers (memory-mapped)
     _small: dict = field(default_factory=dict, repr=False)  # per shard: its token ids and loss mask, read whole
+    _ids: dict = field(default_factory=dict, repr=False)  # per shard: its sequence ids (None: none stored)
 
     @property
     def target(self) -> dict:
@@ -149,6 +151,14 @@ class Dataset:
         except Exception:
             safetensors_keys(self.shard_files[s])  # a shard gone or corrupted since opening: one line
             raise
+
+    def sequence_id(self, i: int) -> str | None:
+        """Sequence ``i``'s id (each shard's header read once); None for shards written before ids were stored."""
+        s, j = self.index[i]
+        if s not in self._ids:
+            self._ids[s] = shard_sequence_ids(self.shard_files[s])
+        ids = self._ids[s]
+        return ids[j] if ids is not None else None
 
     def token_ids_and_masks(self) -> Iterator[tuple[Any, Any]]:
         """(input_ids, loss_mask) per shard, for vocab statistics."""

@@ -2,8 +2,9 @@
 
 Modules: ``config`` (TrainConfig, NOISE), ``ttt`` (the TTT unroll and loss),
 ``batches`` (split, order, padding), ``checkpoints``, ``distributed`` (rank, reductions,
-device), ``loop`` (prepare, train, evaluate), ``report`` (metrics, baseline fields,
-text), ``launch`` (torchrun), ``remap`` (lm_head rows to another draft vocab).
+device), ``loop`` (prepare, train, evaluate), ``sources`` (validation per data source),
+``report`` (metrics, baseline fields, text), ``launch`` (torchrun), ``remap`` (lm_head rows
+to another draft vocab).
 
 The names callers use (``from eaglekb import training``): ``TrainConfig``, ``NOISE``,
 ``train``, ``launch``, ``baseline_fields``, ``render_text``.

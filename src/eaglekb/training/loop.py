@@ -5,14 +5,14 @@ drafter and move an init drafter's lm_head to the data's mapping, wrap it in the
 unroll; everything checked before anything is written), ``train`` (AdamW, warmup +
 cosine ``lr_at``, gradient clipping, deterministic data order, periodic validation and
 checkpoints, ``--resume``, per-phase ``--profile``, DDP when run under torchrun; writes ``out/metrics.json``
-and ``out/drafter``) and ``evaluate`` (validation on held-out sequences).
+and ``out/drafter``) and ``evaluate`` (validation on held-out sequences, mixed and per source).
 
 The pieces it runs: ``eaglekb.training.config`` (options), ``.drafters`` (the mapping and
 the drafter a run starts from), ``.ttt`` (the TTT unroll and loss), ``.loss`` (the loss
 over the draft vocabulary), ``.speed`` (profile, autocast, compile), ``.batches`` (split,
 order, padding), ``.checkpoints`` (also in pieces across machines: ``--pieces-out``,
-``--resume-from``, ``--new-data``), ``.distributed``, ``.report``; processes are started
-by ``.launch``.
+``--resume-from``, ``--new-data``), ``.distributed``, ``.sources`` (validation per data source),
+``.report``; processes are started by ``.launch``.
 
 Knows nothing about generation (``eaglekb.data.datagen`` makes the data), vocab
 statistics beyond calling ``eaglekb.data.vocab``, or the task runner.
@@ -42,7 +42,8 @@ from eaglekb.training.checkpoints import (data_changed, list_checkpoints, load_c
 from eaglekb.training.config import METRICS, TrainConfig
 from eaglekb.training.drafters import choose_mapping, data_mapping, drafter_for  # noqa: F401 (data_mapping: API)
 from eaglekb.training.distributed import all_reduce, barrier, dist_info, pick_device
-from eaglekb.training.report import build_report, summarise
+from eaglekb.training.report import build_report, source_curve, summarise
+from eaglekb.training.sources import add_rows, source_metrics, val_sources
 from eaglekb.training.speed import StepProfile, autocast, probe_compile, wants_compile
 from eaglekb.training.parallel import ParallelTTTModel, as_parallel
 from eaglekb.training import ttt
@@ -70,6 +71,7 @@ class Run:
     device: torch.device
     features: Any = None
     notes: list[str] = field(default_factory=list)
+    val_sources: Any = None  # ``sources.ValSources`` of the validation sequences (None: no sequence ids)
 
 
 def prepare(cfg: TrainConfig) -> Run:
@@ -108,8 +110,11 @@ def prepare(cfg: TrainConfig) -> Run:
     fingerprint.update(total_steps=total, data=ds.manifest["identity_hash"],
                        data_tokens=ds.manifest["totals"]["tokens"], drafter=drafter.config.to_sglang_json(),
                        mapping_sha=_sha(drafter.d2t), init=cfg.init is not None)
+    sources = val_sources(val_ds, val_idx)
+    if val_idx and sources is None:
+        notes.append(f"no validation per source: the shards of {val_ds.path} hold no sequence ids (an older datagen)")
     return Run(cfg, ds, val_ds, train_idx, val_idx, drafter, model, mapping_report, fingerprint, total, device,
-               features, notes)
+               features, notes, sources)
 
 
 def _check_init_target(cfg: TrainConfig, ds) -> None:
@@ -196,11 +201,14 @@ def _autocast(run: Run):
 
 
 def evaluate(run: Run, model: TTTModel) -> dict | None:
-    """Validation metrics (``summarise``) over the held-out sequences, summed over processes."""
+    """Validation metrics (``summarise``) over the held-out sequences, summed over processes; ``by_source``: the
+    numbers of each source (``sources.source_metrics``) from the same forward, when the shards hold sequence ids."""
     if not run.val_idx:
         return None
     rank, world = dist_info()
     stats = torch.zeros((run.cfg.unroll_steps, 5), device=run.device, dtype=torch.float64)
+    src = run.val_sources
+    per_source = src.counts(run.cfg.unroll_steps, run.device) if src is not None else None
     model.eval()
     with torch.no_grad(), _autocast(run):
         for b in range(0, len(run.val_idx), run.cfg.batch_size):
@@ -208,10 +216,15 @@ def evaluate(run: Run, model: TTTModel) -> dict | None:
             if not items:
                 continue
             batch = collate(run.val_dataset, items, run.cfg.max_len, run.device, run.features)
-            _, st = model(batch, torch.ones(run.cfg.unroll_steps, device=run.device))
+            _, st, rows = model(batch, torch.ones(run.cfg.unroll_steps, device=run.device), rows=True)
             stats += st.double()
+            if per_source is not None:
+                add_rows(per_source, src, items, rows)
     model.train()
-    return summarise(all_reduce(stats), run.cfg.step_weight)
+    val = summarise(all_reduce(stats), run.cfg.step_weight)
+    if per_source is not None:
+        val["by_source"] = source_metrics(all_reduce(per_source), src, run.cfg.step_weight)
+    return val
 
 
 @dataclass
@@ -341,6 +354,8 @@ def _record_val(run: Run, history: dict, step: int, log: Log | None, rank: int) 
     history["val_loss"][str(step)] = round(val["loss"], 5)
     history["val_acc0"][str(step)] = round(100 * val["acc"][0], 3)
     history["val_simulated_acc_len"][str(step)] = round(val["simulated_acc_len"], 4)
+    for name, m in (val.get("by_source") or {}).items():
+        history.setdefault(source_curve(name), {})[str(step)] = round(m["simulated_acc_len"], 4)
     if log and rank == 0:
         log(f"val @ {step}: loss {val['loss']:.4f} acc {' '.join(f'{a:.3f}' for a in val['acc'])} "
             f"simulated_acc_len {val['simulated_acc_len']:.3f}")

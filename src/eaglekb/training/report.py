@@ -3,7 +3,7 @@
 Owns: ``summarise`` (per-step loss, accuracy, full and conditional accuracy, simulated
 accept length from summed counts), ``build_report`` (the ``metrics.json`` document),
 ``baseline_fields`` (metrics / series / summary of a ``finetune`` baseline, units in
-every leaf name) and ``render_text``.
+every leaf name; ``source_curve`` names a source's validation curve) and ``render_text``.
 
 Knows nothing about torch modules, data loading, processes, baselines files (the
 caller records them) or the task runner.
@@ -17,6 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+
+#: The history series of one source's validation simulated accept length: this prefix, the source's metric key.
+SOURCE_CURVE = "val_by_source_"
+
+
+def source_curve(key: str) -> str:
+    """The series name of a source's validation simulated accept length (``val.by_source.KEY`` of the report)."""
+    return f"{SOURCE_CURVE}{key}_simulated_acc_len"
 
 
 def summarise(stats: torch.Tensor, weight: float = 0.8) -> dict:
@@ -104,6 +113,10 @@ def baseline_fields(report: dict) -> dict:
             "chain_acc_plus_bonus_len": round(val["chain_acc_len"] + 1, 4),
             "positions_count": val["positions"],
         }
+        if val.get("by_source"):
+            metrics["val"]["by_source"] = {
+                k: {"positions_count": m["positions"], "acc0_pct": round(100 * m["acc0"], 3),
+                    "simulated_acc_len": round(m["simulated_acc_len"], 4)} for k, m in val["by_source"].items()}
     prof = report.get("profile")
     if prof:
         metrics["profile"] = {**{f"{k}_ms": v for k, v in prof["ms_per_step"].items()},
@@ -112,7 +125,8 @@ def baseline_fields(report: dict) -> dict:
     h = report["history"]
     units = {"train_loss": "_loss", "val_loss": "_loss", "train_acc0": "_pct", "val_acc0": "_pct",
              "val_simulated_acc_len": "_len", "train_tok_s": "_tok_s"}
-    series = {name: {"x": "step", "unit": units[name], "points": pts} for name, pts in h.items() if pts}
+    series = {name: {"x": "step", "unit": "_len" if name.startswith(SOURCE_CURVE) else units[name], "points": pts}
+              for name, pts in h.items() if pts}
     summary = (f"{report['step']} steps, {report['throughput']['tok_s']} train tok/s on {report['device']}"
                + (f"; val acc0 {100 * val['acc'][0]:.1f}%, simulated_acc_len {val['simulated_acc_len']:.2f} "
                   f"(+1 bonus = {val['simulated_acc_len'] + 1:.2f})" if val else ""))
@@ -141,6 +155,9 @@ def render_text(report: dict) -> str:
         lines.append("val cond acc per step: " + " ".join(f"{a:.3f}" for a in val["cond_acc"]))
         lines.append(f"simulated_acc_len {val['simulated_acc_len']:.3f} (SpecForge, no bonus); "
                      f"+1 for runtime accept length = {val['simulated_acc_len'] + 1:.3f}")
+        by = sorted((val.get("by_source") or {}).items(), key=lambda kv: (-kv[1]["positions"], kv[0]))
+        lines += [f"val source {k}: {m['positions']} positions, acc0 {m['acc0']:.3f}, simulated_acc_len "
+                  f"{m['simulated_acc_len']:.3f}" for k, m in by]
     lines.append(f"drafter: {Path(report['config']['out']) / 'drafter'}")
     packed = report.get("pieces")
     if packed:

@@ -200,11 +200,13 @@ class TTTModel(nn.Module):
         if self.timer is not None:
             self.timer.mark(phase)
 
-    def forward(self, batch: dict, norms: torch.Tensor, world: int = 1):
+    def forward(self, batch: dict, norms: torch.Tensor, world: int = 1, rows: bool = False):
         """Weighted TTT loss (scaled for DDP gradient averaging) and per-step counts ``[K, 5]``.
 
         ``norms[k]``: the number of loss positions of step ``k`` over the whole global batch.
         Counts per step: loss sum, positions, correct, chain-correct, chain-correct before this step.
+        ``rows``: also return the counts but the loss per batch row ``[B, K, 4]``, whose sum over rows is
+        ``counts[:, 1:]`` (validation per source).
         """
         ids, mask = batch["input_ids"], batch["loss_mask"].float()
         argmax = batch["target_argmax"].long()
@@ -215,7 +217,7 @@ class TTTModel(nn.Module):
         soft = None if chunked else self._soft_targets(batch)
         final = batch.get("final_hidden") if chunked and self.draft_head is not None else None
         total = torch.zeros((), device=ids.device)
-        stats = []
+        stats, per_row = [], []
         chain = torch.ones_like(mask, dtype=torch.bool)
         for k, hidden in enumerate(hiddens):
             w = shift(mask, k + 2)
@@ -231,8 +233,12 @@ class TTTModel(nn.Module):
                 prev = chain
                 chain = chain & correct
                 wb = w > 0
-                stats.append(torch.stack([loss_sum.detach(), w.sum(), (correct & wb).sum().float(),
-                                          (chain & wb).sum().float(), (prev & wb).sum().float()]))
+                counts = torch.stack([w.sum(1), (correct & wb).sum(1).float(), (chain & wb).sum(1).float(),
+                                      (prev & wb).sum(1).float()], dim=-1)
+                per_row.append(counts)
+                stats.append(torch.cat([loss_sum.detach().float()[None], counts.sum(0)]))
+        if rows:
+            return total, torch.stack(stats), torch.stack(per_row, dim=1)
         return total, torch.stack(stats)
 
     def _step_loss(self, hidden, tpos, pm, **kw):
