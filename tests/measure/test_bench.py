@@ -131,3 +131,26 @@ def test_a_p_eagle_drafters_impossible_points_are_refused_before_any_weights(tmp
     assert "<= 3" in err.value.line()
     with pytest.raises(AssertionError, match="weights loaded"):  # a chain it can draft goes on to the load
         bench.run(bench.BenchConfig(drafter=parallel, sweep=[(3, 1, None)]), progress=False)
+
+
+def test_a_random_p_eagle_drafter_times_the_method_before_training():
+    """``random:N:p-eagle:K``: the random EAGLE-3 drafter of ``random:N`` (same weights) as a P-EAGLE drafter of K
+    tokens a pass, for timing a drafting method before any drafter is trained; its points are checked from the spec
+    before any weights load, and a misspelt spec is one line."""
+    from eaglekb.measure import setup
+    from helpers.models import tiny_llama_config
+
+    cfg = tiny_llama_config()
+    plain = setup.read_drafter("random:40", target_config=cfg)
+    parallel = setup.read_drafter("random:40:p-eagle:3", target_config=cfg)
+    assert plain.parallel_tokens == 0 and parallel.parallel_tokens == 3
+    assert parallel.config.draft_vocab_size == plain.config.draft_vocab_size == 40
+    same = {k: v for k, v in parallel.state_dict().items() if k in plain.state_dict()}
+    assert all(bool((v == plain.state_dict()[k]).all()) for k, v in same.items() if v.is_floating_point())
+    with pytest.raises(BadInput, match="chains only"):
+        setup.check_points_before_weights("random:40:p-eagle:3", [bench.SpecConfig(steps=3, topk=2)])
+    for bad in ("random:40:p-egle:3", "random:p-eagle", "random:40:p-eagle:3:1", "random:0"):
+        with pytest.raises(BadInput, match="not a random drafter spec"):
+            setup.read_drafter(bad, target_config=cfg)
+    with pytest.raises(BadInput, match="out of range"):
+        setup.read_drafter("random:p-eagle:1", target_config=cfg)

@@ -25,7 +25,7 @@ from eaglekb.io.errors import BadInput, Incompatible, MissingFile, Unavailable
 from eaglekb.models import sources
 from eaglekb.models.checks import check_model_folder, estimated_params, load_causal_lm
 from eaglekb.models.drafter import build_drafter_for_target, load_drafter
-from eaglekb.models.parallel_drafter import parallel_tokens_of
+from eaglekb.models.parallel_drafter import check_tokens, parallel_tokens_of, to_parallel
 from eaglekb.models.target import config_ids_to_capture_points, default_capture_points
 
 DEFAULT_DRAFTER = "drafters/smollm2-135m-default"
@@ -109,23 +109,38 @@ def check_random_target(folder: Path, dtype: str, device: str) -> None:
                        fix="check config.json (hidden_size, num_hidden_layers, intermediate_size, vocab_size)")
 
 
+def _random_spec(spec: str, vocab: int | None, what: str) -> tuple[int, int]:
+    """``random[:N][:p-eagle:K]`` -> (draft vocabulary, P-EAGLE tokens a pass or 0); anything else refused.
+    ``vocab`` None (the target not read yet): N is not bounded above, and the size returned is 32000."""
+    parts = spec.split(":")
+    size, k = min(vocab or 32000, 32000), 0
+    rest = parts[1:]
+    if rest and rest[0].isascii() and rest[0].isdigit() and 0 < int(rest[0]) <= (vocab or int(rest[0])):
+        size, rest = int(rest[0]), rest[1:]
+    if len(rest) == 2 and rest[0] == "p-eagle" and rest[1].isascii() and rest[1].isdigit():
+        k, rest = check_tokens(int(rest[1]), f"{what} {spec}"), []
+    if parts[0] != "random" or rest:
+        raise BadInput("not a random drafter spec", where=what,
+                       expected=f"random, random:N or random:N:p-eagle:K with N in 1..{vocab or 'the vocabulary'}",
+                       found=repr(spec)[:80])
+    return size, k
+
+
 def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=None):
     """Load a drafter folder (SGLang/SpecForge or speculators format), one-line errors.
 
     ``random`` or ``random:N`` builds a randomly initialised drafter for the target
-    (draft vocab N, default min(vocab, 32000)): acceptance is meaningless, cycle
-    times are real (for timing the engine before a trained drafter exists).
+    (draft vocab N, default min(vocab, 32000)), and ``random:p-eagle:K`` / ``random:N:p-eagle:K`` the same drafter
+    as a P-EAGLE one of K tokens a pass (``to_parallel``): acceptance is meaningless, cycle times are real (for
+    timing the engine, or a drafting method, before a trained drafter exists).
     """
     if str(path).startswith("random"):
         if target_config is None:
             raise BadInput("a random drafter needs the target first", where=what, found=str(path))
-        _, sep, n = str(path).partition(":")
         vocab = int(target_config.vocab_size)
-        if str(path) != "random" and not (sep and n.isascii() and n.isdigit() and 0 < int(n) <= vocab):
-            raise BadInput("not a random drafter spec", where=what, expected=f"random or random:N with N in 1..{vocab}",
-                           found=repr(str(path))[:80])
-        size = int(n) if n else min(vocab, 32000)
-        return build_drafter_for_target(target_config, size, torch_dtype="float32", seed=0)
+        size, k = _random_spec(str(path), vocab, what)
+        drafter = build_drafter_for_target(target_config, size, torch_dtype="float32", seed=0)
+        return to_parallel(drafter, k) if k else drafter
     folder = Path(path)
     root = os.environ.get("EAGLEKB_ROOT")
     if not folder.is_absolute() and not folder.exists() and root and (Path(root) / folder).exists():
@@ -149,10 +164,15 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
 def check_points_before_weights(drafter: str | None, specs) -> None:
     """A P-EAGLE drafter's draft points (``SpecConfig``-likes: steps, topk) checked from its config.json alone, before
     any weights load: chains of at most its tokens a pass (``eaglekb.engine.parallel.check_spec``). A folder without
-    a config.json is left to the load, which says so."""
-    if not drafter or not specs or not (Path(drafter) / "config.json").is_file():
+    a config.json is left to the load, which says so; a ``random...:p-eagle:K`` spec is read from its text."""
+    if not drafter or not specs:
         return
-    k = parallel_tokens_of(read_config(drafter)[0], f"{drafter}/config.json")
+    if str(drafter).startswith("random"):
+        k = _random_spec(str(drafter), None, "--drafter")[1]
+    elif (Path(drafter) / "config.json").is_file():
+        k = parallel_tokens_of(read_config(drafter)[0], f"{drafter}/config.json")
+    else:
+        return
     for s in specs if k else ():
         check_spec(k, s.steps, s.topk)
 
