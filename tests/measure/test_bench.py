@@ -154,3 +154,16 @@ def test_a_random_p_eagle_drafter_times_the_method_before_training():
             setup.read_drafter(bad, target_config=cfg)
     with pytest.raises(BadInput, match="out of range"):
         setup.read_drafter("random:p-eagle:1", target_config=cfg)
+
+
+def test_a_random_p_eagle_drafter_benches_and_gets_no_sglang_command(tiny_pair):  # noqa: F811
+    """A bench of ``random:N:p-eagle:K`` runs (no drafter folder to read) and names why SGLang cannot serve it."""
+    target, _ = tiny_pair
+    cfg = bench.BenchConfig(target=str(target), drafter="random:40:p-eagle:3", prompts="builtin", num_prompts=1,
+                            max_new_tokens=8, sweep=[(2, 1, None), (3, 1, None)], repeats=1, warmup=1, peers=[])
+    r = bench.run(cfg, progress=False)
+    assert {"engine", "spec_s2_k1_n3", "spec_s3_k1_n4"} <= set(r.metrics)
+    if r.config["best"]["pays"]:
+        assert r.config["best"]["sglang_command"] is None and "parallel drafting" in r.config["best"]["sglang_refusal"]
+    else:  # plain serving: the drafter is not in the command
+        assert "--speculative" not in r.config["best"]["sglang_command"]

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 
 from eaglekb.data.prompts import eval_prompts
-from eaglekb.formats.drafter import not_servable_by_sglang, read_config_json
+from eaglekb.formats.drafter import not_servable_by_sglang
 from eaglekb.measure import setup as runsetup
 from eaglekb.measure.sglang.config import LaunchConfig, command_line, launch_command
 from eaglekb.engine.generate import Engine, SpecConfig
@@ -364,8 +364,9 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
             prof = profile_engine(engine, prompts[0], specs[0] if specs else None)
             config["profile_top_kernels"] = {step: p.pop("top") for step, p in prof.items()}
             metrics["profile"] = prof
-    served = serve_best(cfg, metrics, specs, loaded.target_path,
-                        unservable=not_servable_by_sglang(read_config_json(cfg.drafter)) if cfg.drafter else None)
+    # From the loaded drafter's config (a folder's config.json, or a random:...:p-eagle:K spec's), not the file.
+    unservable = not_servable_by_sglang(dict(loaded.drafter.config.extra)) if loaded.drafter is not None else None
+    served = serve_best(cfg, metrics, specs, loaded.target_path, unservable=unservable)
     if served:
         metrics["best"], config["best"] = served["metrics"], served["config"]
     config["sweep"] = [[s.steps, s.topk, s.draft_tokens] for s in specs]
