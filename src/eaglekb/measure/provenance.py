@@ -258,6 +258,11 @@ def _locate(value: str, root: Path) -> Path | None:
     return None
 
 
+#: Why a ``random...`` drafter (``eaglekb.measure.setup.read_drafter``: seeded, for timings) has no hash: the
+#: recorded command builds it again, so it is the record's own, not a file a clone must hold.
+BUILT_BY_COMMAND = "no file: a seeded random drafter the recorded command builds (timings only)"
+
+
 def input_identity(role: str, value: str, root: Path) -> dict[str, Any]:
     """The content identity of one input: ``sha256`` (of the identifying files, read in order), ``files``
     (name -> sha256), ``basis`` (how it was obtained), or ``sha256`` None with ``unknown`` (why not)."""
@@ -266,6 +271,8 @@ def input_identity(role: str, value: str, root: Path) -> dict[str, Any]:
     if name:
         return entry | _embedded_identity(name)
     path = _locate(value, root)
+    if path is None and role == "drafter" and str(value).startswith("random"):
+        return entry | {"sha256": None, "unknown": BUILT_BY_COMMAND}
     if path is None:
         return entry | {"sha256": None, "unknown": "not found on the machine that recorded the result"}
     try:
