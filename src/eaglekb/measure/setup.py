@@ -109,21 +109,20 @@ def check_random_target(folder: Path, dtype: str, device: str) -> None:
                        fix="check config.json (hidden_size, num_hidden_layers, intermediate_size, vocab_size)")
 
 
-def _random_spec(spec: str, vocab: int | None, what: str) -> tuple[int, int]:
-    """``random[:N][:p-eagle:K]`` -> (draft vocabulary, P-EAGLE tokens a pass or 0); anything else refused.
-    ``vocab`` None (the target not read yet): N is not bounded above, and the size returned is 32000."""
+def _random_spec(spec: str, what: str, vocab: int | None = None) -> tuple[int | None, int]:
+    """``random[:N][:p-eagle:K]`` -> (N or None, K or 0); anything else refused, and N above ``vocab`` (the
+    target's vocabulary, when it has been read)."""
     parts = spec.split(":")
-    size, k = min(vocab or 32000, 32000), 0
-    rest = parts[1:]
-    if rest and rest[0].isascii() and rest[0].isdigit() and 0 < int(rest[0]) <= (vocab or int(rest[0])):
-        size, rest = int(rest[0]), rest[1:]
+    rest, n, k = parts[1:], None, 0
+    if rest and rest[0].isascii() and rest[0].isdigit():
+        n, rest = int(rest[0]), rest[1:]
     if len(rest) == 2 and rest[0] == "p-eagle" and rest[1].isascii() and rest[1].isdigit():
         k, rest = check_tokens(int(rest[1]), f"{what} {spec}"), []
-    if parts[0] != "random" or rest:
+    if parts[0] != "random" or rest or n == 0 or (vocab is not None and n is not None and n > vocab):
         raise BadInput("not a random drafter spec", where=what,
                        expected=f"random, random:N or random:N:p-eagle:K with N in 1..{vocab or 'the vocabulary'}",
                        found=repr(spec)[:80])
-    return size, k
+    return n, k
 
 
 def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=None):
@@ -138,8 +137,8 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
         if target_config is None:
             raise BadInput("a random drafter needs the target first", where=what, found=str(path))
         vocab = int(target_config.vocab_size)
-        size, k = _random_spec(str(path), vocab, what)
-        drafter = build_drafter_for_target(target_config, size, torch_dtype="float32", seed=0)
+        n, k = _random_spec(str(path), what, vocab)
+        drafter = build_drafter_for_target(target_config, n or min(vocab, 32000), torch_dtype="float32", seed=0)
         return to_parallel(drafter, k) if k else drafter
     folder = Path(path)
     root = os.environ.get("EAGLEKB_ROOT")
@@ -168,7 +167,7 @@ def check_points_before_weights(drafter: str | None, specs) -> None:
     if not drafter or not specs:
         return
     if str(drafter).startswith("random"):
-        k = _random_spec(str(drafter), None, "--drafter")[1]
+        k = _random_spec(str(drafter), "--drafter")[1]
     elif (Path(drafter) / "config.json").is_file():
         k = parallel_tokens_of(read_config(drafter)[0], f"{drafter}/config.json")
     else:
