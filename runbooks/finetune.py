@@ -13,8 +13,9 @@ def _is_run_folder(folder: Path) -> bool:
 
 
 def _agrees_with_init(init, mapping, values: dict) -> None:
-    """--draft-vocab-size and --intermediate-size beside --mapping or --init are the sizes those bring, or
-    refused: the run takes the mapping's and the init drafter's, and must not seem to have used another."""
+    """--draft-vocab-size beside --mapping or --init is the size those bring, or refused: the run takes the
+    mapping's and the init drafter's, and must not seem to have used another. --intermediate-size beside --init
+    is at least the init drafter's MLP width: a wider one widens that MLP, keeping what it computes."""
     from eaglekb.formats.drafter import read_config
     from eaglekb.formats.mapping import load_mapping
     from eaglekb.io.errors import BadInput
@@ -24,9 +25,13 @@ def _agrees_with_init(init, mapping, values: dict) -> None:
         source = "--mapping" if mapping else "--init"
         size = load_mapping(mapping).draft_vocab_size if mapping else read_config(init)[0].draft_vocab_size
         checks.append(("--draft-vocab-size", values["draft_vocab_size"], size, source))
-    if given("intermediate_size") and init:
-        checks.append(("--intermediate-size", values["intermediate_size"], read_config(init)[0].intermediate_size,
-                       "--init"))
+    if given("intermediate_size") and init:  # a wider MLP widens the init drafter's (training.drafters.widen_mlp)
+        width = read_config(init)[0].intermediate_size
+        if int(values["intermediate_size"]) < int(width):
+            raise BadInput("option disagrees with --init", where="--intermediate-size",
+                           expected=f"{width} or more (the init drafter's MLP width; a wider one widens it) or no "
+                                    "--intermediate-size", found=str(values["intermediate_size"]),
+                           fix="drop --intermediate-size, or give a width at least the init drafter's")
     for option, value, used, source in checks:
         if int(value) != int(used):
             raise BadInput(f"option disagrees with {source}", where=option,
@@ -81,7 +86,7 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         "no_remap": "with --init: install the data's d2t WITHOUT moving lm_head rows (reproduces the failure only)",
         "mapping": "use this mapping (mapping file or drafter folder) instead of building one from the data",
         "draft_vocab_size": "draft vocab when the mapping is built from the data",
-        "intermediate_size": "drafter MLP width (default: the target's)",
+        "intermediate_size": "drafter MLP width (default: the target's; with --init its own, or wider to widen it)",
         "ttt_steps": "test-time-training unroll length (loss weight 0.8**k per step)",
         "positions": "rotary position per TTT step: runtime (t+k, as SGLang drafts) or specforge (t)",
         "method": "eagle3 (default: the TTT chain drafter) or p-eagle (parallel drafting: --parallel-tokens in one "

@@ -103,6 +103,8 @@ def test_the_same_options_at_their_defaults_or_where_they_work_pass(ws):
                  ["finetune", "--data=in", "--steps=5"], ["finetune", "--data=in", "--epochs=2"],
                  # the recorded recipes pass the init drafter's own sizes: they agree, and run
                  ["finetune", "--data=in", "--init=in/drafter", "--draft-vocab-size=40", "--intermediate-size=64"],
+                 # a wider MLP than the init drafter's widens it (training.drafters.widen_mlp)
+                 ["finetune", "--data=in", "--init=in/drafter", "--intermediate-size=128"],
                  ["finetune", "--data=in", "--mapping=in/mapping.safetensors", "--draft-vocab-size=40"]):
         res = run_cli(argv)
         assert res.reached, (argv, res)

@@ -32,6 +32,11 @@ def test_loss_decreases_on_a_tiny_overfit_set(data, tmp_path):
     assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()
     fields = baseline_fields(rep)
     assert fields["series"]["train_loss"]["unit"] == "_loss" and fields["metrics"]["throughput"]["train_tok_s"] > 0
+    # the command's wall clock by part, beside the optimiser steps' own time
+    wall = fields["metrics"]["wall"]
+    assert {"total_s", "prepare_s", "validation_s", "checkpoints_s"} <= set(wall), wall
+    parts = sum(v for k, v in wall.items() if k != "total_s")
+    assert parts + rep["throughput"]["seconds"] <= wall["total_s"] + 0.01
 
 
 def test_online_features_run_the_target_per_batch(data, tmp_path):

@@ -4,7 +4,8 @@ Owns: ``choose_mapping`` (a mapping file, the checkpoint's with ``--new-data``, 
 tokens; its report), ``data_mapping``,
 ``drafter_for`` (a fresh drafter sized for the data's target, or ``--init`` checked against the data's target and
 its lm_head rows remapped by target token id when the mappings differ; ``--no-remap`` reproduces the misaligned
-head) and the init drafter's checks (hidden size, vocab, aux layers: one line naming both sides).
+head; a wider ``--intermediate-size`` widens its MLP, keeping what it computes: ``widen_mlp``) and the init
+drafter's checks (hidden size, vocab, aux layers: one line naming both sides).
 
 Knows nothing about the training loop, checkpoints, processes or the task runner.
 """
@@ -64,6 +65,12 @@ def drafter_for(cfg: TrainConfig, ds, mapping, mapping_report: dict, notes: list
             aux_layer_ids=config_ids, torch_dtype="bfloat16", seed=cfg.seed)
     drafter = load_drafter(cfg.init, dtype="float32")
     _check_init(cfg.init, drafter.config, ds, config_ids)
+    width = drafter.config.intermediate_size
+    if cfg.intermediate_size and cfg.intermediate_size != width:  # narrower: refused by widen_mlp
+        drafter = widen_mlp(drafter, cfg.intermediate_size, seed=cfg.seed)
+        mapping_report["widen"] = {"from": width, "to": cfg.intermediate_size}
+        notes.append(f"init drafter's MLP widened from {width} to {cfg.intermediate_size} channels: the new "
+                     "channels start with zero output weights, so the widened drafter drafts as the init one did")
     same = torch.equal(drafter.d2t.cpu(), mapping.d2t) if drafter.d2t.numel() == mapping.d2t.numel() else False
     if same:
         mapping_report["init"] = "same mapping as the data: no remap"
@@ -82,6 +89,30 @@ def drafter_for(cfg: TrainConfig, ds, mapping, mapping_report: dict, notes: list
                      "WITHOUT moving lm_head rows (reproduces the misaligned-head failure; do not ship)")
         mapping_report["remap"] = "skipped (--no-remap)"
     return drafter
+
+
+def widen_mlp(drafter: Eagle3Drafter, width: int, *, seed: int = 0) -> Eagle3Drafter:
+    """``drafter`` with an MLP of ``width`` channels that computes what it did: its channels kept, the new ones'
+    gate and up rows drawn as a fresh drafter's are (``init_weights``) and their down_proj columns zero, so the
+    new channels add nothing until training moves them (their gradient flows through down_proj first)."""
+    old = drafter.config.intermediate_size
+    if width < old:
+        raise Incompatible("cannot narrow a drafter's MLP", where="--intermediate-size",
+                           expected=f"{old} or more (the init drafter's MLP width)", found=str(width))
+    wide = Eagle3Drafter(dataclasses.replace(drafter.config, intermediate_size=width),
+                         with_embeddings=drafter.embed_tokens is not None)
+    wide.init_weights(seed)
+    state = wide.state_dict()
+    for name, value in drafter.state_dict().items():
+        if name.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):
+            state[name][:old] = value
+        elif name.endswith("mlp.down_proj.weight"):
+            state[name].zero_()
+            state[name][:, :old] = value
+        else:
+            state[name] = value
+    wide.load_state_dict(state)
+    return wide.to(next(drafter.parameters()).dtype)
 
 
 def _check_init(where: str, dc, ds, config_ids: list[int]) -> None:

@@ -44,7 +44,7 @@ from eaglekb.training.drafters import choose_mapping, data_mapping, drafter_for 
 from eaglekb.training.distributed import all_reduce, barrier, dist_info, pick_device
 from eaglekb.training.report import build_report, source_curve, summarise
 from eaglekb.training.sources import add_rows, source_metrics, val_sources
-from eaglekb.training.speed import StepProfile, autocast, probe_compile, wants_compile
+from eaglekb.training.speed import RunClock, StepProfile, autocast, probe_compile, wants_compile
 from eaglekb.training.parallel import ParallelTTTModel, as_parallel
 from eaglekb.training import ttt
 from eaglekb.training.ttt import TTTModel, step_norms
@@ -242,6 +242,7 @@ class Progress:
     window_seconds: float = 0.0
     last_val: dict | None = None
     profile: dict | None = None
+    clock: RunClock = field(default_factory=RunClock)  # the run's wall clock by part (train sets it)
 
 
 def _empty_history() -> dict[str, dict[str, float]]:
@@ -397,7 +398,8 @@ def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> No
     lengths = sequence_lengths(run.dataset, cfg.max_len) if cfg.batching == "length" else None
     batches = Batches(run.dataset, run.train_idx, cfg.batch_size, cfg.max_len, cfg.seed, lengths)
     if (run.model.compiled or run.model.compiled_loss) and p.start < run.total_steps:
-        _compile_first(run, batches.items(p.start))
+        with p.clock.part("first_compile"):
+            _compile_first(run, batches.items(p.start))
     ddp = _wrap(run, world)
     prof = StepProfile(run.device, cfg.profile)
     bar = tqdm(total=run.total_steps, initial=p.start, desc="finetune", disable=not progress or rank != 0,
@@ -418,11 +420,13 @@ def _steps(run: Run, opt, p: Progress, *, progress: bool, log: Log | None) -> No
         if done % cfg.log_every == 0 or done == run.total_steps:
             _log_point(run, p, step, bar, log, rank)
         if cfg.eval_every and done % cfg.eval_every == 0 and done != run.total_steps:
-            p.last_val = _record_val(run, p.history, done, log, rank)
+            with p.clock.part("validation"):
+                p.last_val = _record_val(run, p.history, done, log, rank)
         if cfg.save_every and done % cfg.save_every == 0 and done != run.total_steps:
-            if rank == 0:
-                save_checkpoint(out, done, run.drafter, opt, run.fingerprint, p.history, cfg.keep_checkpoints)
-            barrier()
+            with p.clock.part("checkpoints"):
+                if rank == 0:
+                    save_checkpoint(out, done, run.drafter, opt, run.fingerprint, p.history, cfg.keep_checkpoints)
+                barrier()
         bar.update(1)
     bar.close()
     p.profile = prof.report()
@@ -435,10 +439,12 @@ def _finish(run: Run, opt, p: Progress, log: Log | None) -> dict:
     cfg, out = run.cfg, Path(run.cfg.out)
     rank, world = dist_info()
     if not p.stopped:
-        p.last_val = _record_val(run, p.history, p.step, log, rank)
+        with p.clock.part("validation"):
+            p.last_val = _record_val(run, p.history, p.step, log, rank)
     packed = None
     if rank == 0:
-        ckpt = save_checkpoint(out, p.step, run.drafter, opt, run.fingerprint, p.history, cfg.keep_checkpoints)
+        with p.clock.part("checkpoints"):
+            ckpt = save_checkpoint(out, p.step, run.drafter, opt, run.fingerprint, p.history, cfg.keep_checkpoints)
         if cfg.pieces_out:
             packed = pack_checkpoint(ckpt, Path(cfg.pieces_out), max(1, int(cfg.piece_mib * (1 << 20))))
     barrier()
@@ -450,7 +456,9 @@ def _finish(run: Run, opt, p: Progress, log: Log | None) -> dict:
     report["pieces"] = packed
     if rank == 0:
         if not p.stopped:
-            save_drafter(run.drafter, out / "drafter")
+            with p.clock.part("checkpoints"):
+                save_drafter(run.drafter, out / "drafter")
+        report["wall"] = p.clock.report()
         atomic_write_json(out / METRICS, report)
     barrier()
     return report
@@ -470,13 +478,17 @@ def _bring_in(run: Run, log: Log | None) -> None:
 def train(cfg: TrainConfig, *, progress: bool = True, log: Log | None = None) -> dict:
     """Run (or resume) one training; returns the report written to ``out/metrics.json``."""
     rank, _world = dist_info()
-    run = prepare(cfg)
-    if cfg.resume_from:
-        _bring_in(run, log)
-    torch.manual_seed(cfg.seed)
-    opt = torch.optim.AdamW([p for p in run.drafter.parameters() if p.requires_grad], lr=cfg.lr,
-                            weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    p = _start(run, opt, log)
+    clock = RunClock()
+    with clock.part("prepare"):  # data, target and drafter loaded; with --resume-from, the pieces joined
+        run = prepare(cfg)
+        clock.device = run.device
+        if cfg.resume_from:
+            _bring_in(run, log)
+        torch.manual_seed(cfg.seed)
+        opt = torch.optim.AdamW([p for p in run.drafter.parameters() if p.requires_grad], lr=cfg.lr,
+                                weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        p = _start(run, opt, log)
+    p.clock = clock
     if rank == 0:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
     _steps(run, opt, p, progress=progress, log=log)

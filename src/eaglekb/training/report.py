@@ -98,6 +98,8 @@ def baseline_fields(report: dict) -> dict:
                 "drafter_params": report["drafter"]["parameters"],
                 "drafter_bf16_bytes": report["drafter"]["bf16_bytes"]},
     }
+    if report.get("wall"):  # the command's wall clock by part (speed.RunClock), beside train_s
+        metrics["wall"] = dict(report["wall"])
     if report["mapping"].get("coverage_frac") is not None:
         metrics["run"]["draft_vocab_coverage_frac"] = round(report["mapping"]["coverage_frac"], 5)
     if val:
@@ -148,6 +150,11 @@ def render_text(report: dict) -> str:
                   if prof.get("stalls") else "")
         lines.append(f"where a step's time goes ({prof['timer']}, {prof['steps']} steady steps, {total:.1f} ms a step"
                      f"{stalls}): " + parts)
+    wall = report.get("wall")
+    if wall:
+        parts = ", ".join(f"{k[:-2].replace('_', ' ')} {v:.1f} s" for k, v in wall.items() if k != "total_s")
+        lines.append(f"wall clock {wall['total_s']:.1f} s: optimiser steps {report['throughput']['seconds']:.1f} s, "
+                     + parts)
     val = report.get("val")
     if val:
         lines.append("val acc per step:      " + " ".join(f"{a:.3f}" for a in val["acc"]))

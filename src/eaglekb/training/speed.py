@@ -15,12 +15,17 @@ eager), ``loss`` (the loss over the draft vocabulary and the accuracy counts, wi
 ``backward`` (autograd, and with DDP the gradient all-reduce), ``optimizer`` (clipping and AdamW) and ``sync``
 (the counts reduced, the device synchronised).
 
+``RunClock``: the wall clock of a whole run by part (``prepare``, ``first_compile``, ``validation``,
+``checkpoints``) beside ``total``, so a record says where a command's time went besides its optimiser steps (whose
+own time is the throughput's ``train_s``); the device is synchronised as each part ends.
+
 Knows nothing about data formats, checkpoints or the task runner.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import torch
 
@@ -69,6 +74,30 @@ class StepProfile:
         return {"steps": len(steady), "ms_per_step": ms, "share": {p: round(v / total, 4) for p, v in ms.items()},
                 "stalls": len(stalls), "stall_ms": round(1000 * sum(stalls), 1),
                 "timer": "cuda events" if self.device.type == "cuda" else "wall clock"}
+
+
+class RunClock:
+    """Seconds of a run's wall clock: ``part(name)`` adds a part's time (parts may repeat: every validation adds to
+    ``validation``); ``report()`` gives ``total_s`` since the clock began and ``<part>_s`` for each part."""
+
+    def __init__(self):
+        self.began = time.monotonic()
+        self.device: torch.device | None = None  # set once known: a CUDA device is synchronised as a part ends
+        self.parts: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            if self.device is not None and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.parts[name] = self.parts.get(name, 0.0) + time.monotonic() - began
+
+    def report(self) -> dict[str, float]:
+        return {"total_s": round(time.monotonic() - self.began, 3),
+                **{f"{name}_s": round(sec, 3) for name, sec in self.parts.items()}}
 
 
 def autocast(device: torch.device, amp: str):
