@@ -15,8 +15,9 @@ import torch
 from eaglekb.data import datagen
 from eaglekb.data.generation import load_target
 from eaglekb.io.errors import Incompatible
+from eaglekb.measure import probe
 from eaglekb.models import sources
-from eaglekb.models.drafter import build_drafter_for_target, load_drafter
+from eaglekb.models.drafter import build_drafter_for_target, load_drafter, save_drafter
 from eaglekb.training.drafters import widen_mlp
 from eaglekb.training.loop import train
 from helpers.datagen import prompts, small_cfg
@@ -90,3 +91,19 @@ def test_the_real_default_drafter_widened_trains_on_real_smollm2_data(tmp_path):
                         ttt_steps=4), progress=False)
     assert rep["mapping"]["widen"] == {"from": 1536, "to": 4608}
     assert load_drafter(tmp_path / "run" / "drafter").config.intermediate_size == 4608
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (DEFAULT / "model.safetensors").is_file(), reason="the default drafter is not checked out")
+def test_the_real_default_drafter_widened_accepts_what_it_did_in_our_engine(tmp_path):
+    """The widened drafter, saved in the SGLang layout and served by our engine beside the default on the real
+    target, accepts the same tokens on held-out chat: the engine reads the wider MLP from config.json."""
+    if not (sources.model_dir("smollm2-135m") / "config.json").is_file():
+        pytest.skip("smollm2-135m not prepared (invoke models.prepare)")
+    narrow = load_drafter(DEFAULT, dtype="float32")
+    save_drafter(widen_mlp(narrow, 3 * narrow.config.intermediate_size), tmp_path / "wide")
+    cfg = probe.ProbeConfig(drafter=str(tmp_path / "wide"), reference_drafter=str(DEFAULT),
+                            prompts="chatterbot-heldout", num_prompts=3, max_new_tokens=24)
+    r = probe.run(cfg, progress=False)
+    assert r.metrics["online"]["exact_match_frac"] == 1.0
+    assert r.metrics["online"]["accept_len"] == pytest.approx(r.metrics["reference"]["online"]["accept_len"])

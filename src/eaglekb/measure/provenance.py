@@ -263,6 +263,12 @@ def _locate(value: str, root: Path) -> Path | None:
 BUILT_BY_COMMAND = "no file: a seeded random drafter the recorded command builds (timings only)"
 
 
+def is_random_drafter(value: object) -> bool:
+    """Whether a drafter value is a random-drafter spec (``random``, ``random:N``, ``random:...:p-eagle:K``) rather
+    than a folder: the one rule ``eaglekb.measure.setup`` builds it by and this module records it by."""
+    return str(value).startswith("random")
+
+
 def input_identity(role: str, value: str, root: Path) -> dict[str, Any]:
     """The content identity of one input: ``sha256`` (of the identifying files, read in order), ``files``
     (name -> sha256), ``basis`` (how it was obtained), or ``sha256`` None with ``unknown`` (why not)."""
@@ -271,7 +277,7 @@ def input_identity(role: str, value: str, root: Path) -> dict[str, Any]:
     if name:
         return entry | _embedded_identity(name)
     path = _locate(value, root)
-    if path is None and role == "drafter" and str(value).startswith("random"):
+    if path is None and role == "drafter" and is_random_drafter(value):
         return entry | {"sha256": None, "unknown": BUILT_BY_COMMAND}
     if path is None:
         return entry | {"sha256": None, "unknown": "not found on the machine that recorded the result"}

