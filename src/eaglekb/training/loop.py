@@ -233,6 +233,7 @@ class Progress:
 
     history: dict[str, dict[str, float]]
     window: torch.Tensor  # summed TTT counts [K, 5] since the last log point
+    clock: RunClock  # the run's wall clock by part, begun before the run was prepared
     start: int = 0
     step: int = 0
     stopped: bool = False
@@ -242,7 +243,6 @@ class Progress:
     window_seconds: float = 0.0
     last_val: dict | None = None
     profile: dict | None = None
-    clock: RunClock = field(default_factory=RunClock)  # the run's wall clock by part (train sets it)
 
 
 def _empty_history() -> dict[str, dict[str, float]]:
@@ -250,7 +250,7 @@ def _empty_history() -> dict[str, dict[str, float]]:
             "train_tok_s": {}}
 
 
-def _start(run: Run, opt, log: Log | None) -> Progress:
+def _start(run: Run, opt, log: Log | None, clock: RunClock) -> Progress:
     """Refuse a used ``out`` without ``--resume``; with it, restore the newest checkpoint."""
     cfg, out = run.cfg, Path(run.cfg.out)
     existing = list_checkpoints(out)
@@ -262,7 +262,7 @@ def _start(run: Run, opt, log: Log | None) -> Progress:
     if not existing:
         if cfg.resume and log:
             log("no checkpoint to resume from: starting at step 0")
-        return Progress(_empty_history(), window)
+        return Progress(_empty_history(), window, clock)
     doc = load_checkpoint(existing[-1], run.drafter, opt, run.fingerprint, new_data=cfg.new_data)
     if data_changed(doc, run.fingerprint):
         run.notes.append(f"continued on other data at step {doc['step']} (--new-data): dataset "
@@ -271,7 +271,7 @@ def _start(run: Run, opt, log: Log | None) -> Progress:
     run.model.refresh_mapping()
     if log:
         log(f"resumed from {existing[-1]} at step {doc['step']}")
-    return Progress(doc["history"], window, start=doc["step"], step=doc["step"])
+    return Progress(doc["history"], window, clock, start=doc["step"], step=doc["step"])
 
 
 def _wrap(run: Run, world: int):
@@ -487,8 +487,7 @@ def train(cfg: TrainConfig, *, progress: bool = True, log: Log | None = None) ->
         torch.manual_seed(cfg.seed)
         opt = torch.optim.AdamW([p for p in run.drafter.parameters() if p.requires_grad], lr=cfg.lr,
                                 weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-        p = _start(run, opt, log)
-    p.clock = clock
+        p = _start(run, opt, log, clock)
     if rank == 0:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
     _steps(run, opt, p, progress=progress, log=log)
