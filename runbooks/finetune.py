@@ -78,7 +78,8 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
 @task(
     default=True,
     options={"max_len": whole(4, 1 << 20),  # a TTT unroll needs at least 4 positions
-             "method": one_of("eagle3", "p-eagle"), "parallel_tokens": whole(2, 64)},
+             "method": one_of("eagle3", "p-eagle"), "parallel_tokens": whole(2, 64),
+             "compile": one_of("auto", "on", "step", "off")},
     help={
         "data": "dataset folder written by invoke datagen",
         "out": "run folder (checkpoints/, drafter/, metrics.json); default .eaglekb/runs/<data name>",
@@ -116,7 +117,7 @@ def _refuse_ignored(data, *, init, mapping, steps, val_data, online_target, valu
         "threads": "torch CPU threads (default: torch's choice; 1 is fastest on a loaded shared machine)",
         "amp": "CUDA autocast of the TTT forward: bfloat16 (default on CUDA; float32 master weights) or none "
                "(float32); a CPU run trains in float32, --amp bfloat16 there is refused",
-        "compile": "torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, off; a compile error falls back to eager",
+        "compile": "torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, step (as on, the unroll compiled one TTT step at a time: the compile does not grow with --ttt-steps), off; a compile error falls back to eager",
         "loss_chunk": "positions per chunk of the draft-vocab loss, no full logits (default 4096); 0: full logits",
         "profile": "report where a step's time goes per phase (CUDA events on a GPU, wall clock on CPU)",
         "resume_from": "a folder of checkpoint pieces (--pieces-out of an earlier run): checked, joined into --out, "
@@ -153,8 +154,7 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
                            found="nothing")
         _refuse_ignored(data, init=init, mapping=mapping, steps=steps, val_data=val_data,
                         online_target=online_target, values=locals())
-        out = claim(out or Path(".eaglekb/runs") / Path(str(data)).name, "--out", folder=True, ours=_is_run_folder,
-                    reuse=True, what="training run folder", inputs=[data, val_data, init, mapping])
+        out = out or Path(".eaglekb/runs") / Path(str(data)).name
         cfg = training.TrainConfig(
             data=str(data), out=str(out), init=init,
             remap=not no_remap, mapping=mapping, draft_vocab_size=int(draft_vocab_size),
@@ -169,6 +169,9 @@ def finetune(c, data=None, out=None, init=None, no_remap=False, mapping=None, dr
             loss_chunk=int(loss_chunk),
             profile=bool(profile), resume_from=resume_from, pieces_out=pieces_out, piece_mib=float(piece_mib),
             new_data=bool(new_data))
+        cfg.check()  # the library's rules for the options together, before the run folder is claimed
+        claim(out, "--out", folder=True, ours=_is_run_folder, reuse=True, what="training run folder",
+              inputs=[data, val_data, init, mapping])
         if int(nproc) > 1:
             report = training.launch(cfg, int(nproc), progress=not json)
         else:

@@ -76,6 +76,9 @@ BAD = [
     # internal names never reach the user: the options as typed
     (["finetune", "--data=in", "--max-len=3"], "--max-len", "out of range"),
     (["finetune", "--data=in", "--batching=sorted"], "--batching", "not an accepted value"),
+    (["finetune", "--data=in", "--compile=sometimes"], "--compile", "not an accepted value"),
+    (["finetune", "--data=in", "--method=p-eagle", "--compile=step"], "--compile", "one pass"),
+    (["bench", "--compile=step"], "--compile", "not an accepted value"),  # one TTT step: training's value only
     (["bench", "--fused=always"], "--fused", "not an accepted value"),
     (["bench", "--cpu-packed=fast"], "--cpu-packed", "not an accepted value"),
     (["bench", "--cpu-draft-fp16=fast"], "--cpu-draft-fp16", "not an accepted value"),

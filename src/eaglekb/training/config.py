@@ -16,8 +16,9 @@ from eaglekb.io.errors import BadInput, SchemaError
 POSITIONS = ("runtime", "specforge")
 #: Autocast dtypes of the TTT forward on CUDA ("none": float32); the CPU runs float32.
 AMP = ("bfloat16", "none")
-#: torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, off.
-COMPILE = ("auto", "on", "off")
+#: torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, step (as on, the unroll compiled one
+#: TTT step at a time: a compile that does not grow with the depth), off.
+COMPILE = ("auto", "on", "step", "off")
 #: How sequences form batches: shuffled, or shuffled then grouped by length (same epoch, less padding).
 BATCHING = ("random", "length")
 #: Drafting methods a run trains (``eaglekb.models.parallel_drafter.METHODS``): EAGLE-3's TTT chain, or P-EAGLE.
@@ -64,7 +65,7 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     device: str = "auto"  # auto, cpu, cuda
     amp: str = "bfloat16"  # autocast dtype on CUDA (bfloat16 or none); CPU runs float32
-    compile: str = "auto"  # torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, off; errors fall back to eager
+    compile: str = "auto"  # torch.compile of the TTT unroll and the loss's chunks: auto (on with CUDA), on, step (one TTT step compiled), off; errors fall back to eager
     loss_chunk: int = 4096  # positions per chunk of the draft-vocab loss (no full logits); 0: full logits
     profile: bool = False  # time each phase of a step (CUDA events on a GPU, wall clock on CPU)
     online_target: str | None = None  # target folder for data with online features
@@ -109,6 +110,9 @@ class TrainConfig:
                                          not isinstance(self.parallel_tokens, int) or not 2 <= self.parallel_tokens <= 64):
             raise BadInput("parallel tokens out of range", where="--parallel-tokens", expected="a whole number 2..64",
                            found=repr(self.parallel_tokens))
+        if self.method == "p-eagle" and self.compile == "step":
+            raise BadInput("p-eagle's depths are one pass, not TTT steps", where="--compile",
+                           expected="auto, on or off with --method p-eagle", found="'step'")
         if self.method == "p-eagle" and self.positions != "runtime":
             raise BadInput("p-eagle drafts at runtime positions", where="--positions", expected="runtime",
                            found=repr(self.positions))

@@ -101,7 +101,7 @@ def prepare(cfg: TrainConfig) -> Run:
         model = TTTModel(drafter, embed, head, steps=cfg.ttt_steps, step_weight=cfg.step_weight,
                          positions=cfg.positions, loss_chunk=cfg.loss_chunk).to(device)
     if wants_compile(cfg.compile, device):
-        model.compile_unroll()
+        model.compile_unroll("step" if cfg.compile == "step" else "unroll")
         model.compile_loss()
         if features is not None:  # online features: the target's pass too
             features.target.compile_features(ttt.COMPILE_BACKEND)

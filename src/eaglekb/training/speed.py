@@ -108,7 +108,7 @@ def autocast(device: torch.device, amp: str):
 
 
 def wants_compile(mode: str, device: torch.device) -> bool:
-    return mode == "on" or (mode == "auto" and device.type == "cuda")
+    return mode in ("on", "step") or (mode == "auto" and device.type == "cuda")
 
 
 def probe_compile(model, batch: dict, norms: torch.Tensor, amp_ctx) -> str | None:

@@ -31,7 +31,8 @@ Every per-step piece but that attention is the drafter's own (``Eagle3Drafter``
 
 Speed levers (each switchable, ``eaglekb.training.config``): ``hiddens`` (the unroll up to
 each step's hidden state, no logits) is the function ``torch.compile`` compiles
-(``compile_unroll``; a compile error falls back to eager with a note), and the loss over the
+(``compile_unroll``: the whole unroll as one graph, or one TTT step, ``--compile step``, whose graphs serve every
+depth; a compile error falls back to eager with a note), and the loss over the
 draft vocabulary is ``eaglekb.training.loss.step_loss``, chunked by default (no full logits), each chunk's
 passes over its logits compiled too (``compile_loss``, the same fallback).
 
@@ -68,6 +69,13 @@ def step_norms(mask: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.stack([shift(mask.float(), k + 2).sum() for k in range(steps)])
 
 
+def _dynamic_length(*pairs) -> None:
+    """Mark each ``(tensor, dim)``'s sequence length dynamic for ``torch.compile`` (one graph for every length)."""
+    for x, dim in pairs:
+        if x.shape[dim] > 1:
+            torch._dynamo.mark_dynamic(x, dim)
+
+
 def _repeat_kv(z: torch.Tensor, rep: int) -> torch.Tensor:
     return z.repeat_interleave(rep, dim=1) if rep > 1 else z
 
@@ -92,6 +100,21 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return out
 
 
+def diag_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                   live: torch.Tensor) -> torch.Tensor:
+    """``ttt_attention`` with the later steps' diagonal keys and values stacked in ``J`` slots ``[J,B,Hkv,T,D]``;
+    slot ``j`` takes part where ``live[j]`` (a dead slot scores -inf: softmax weight and gradient exactly 0). One
+    shape for every step of an unroll, so one compiled graph serves them all (``TTTModel.compile_unroll("step")``)."""
+    t, rep = q.shape[2], q.shape[1] // k0.shape[1]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    causal = torch.full((t, t), float("-inf"), device=q.device).triu(1)
+    s0 = (q @ _repeat_kv(k0, rep).transpose(-1, -2)).float() * scale + causal
+    dk, dv = (dk.repeat_interleave(rep, dim=2), dv.repeat_interleave(rep, dim=2)) if rep > 1 else (dk, dv)
+    diag = ((q[None] * dk).sum(-1).float() * scale).masked_fill(~live[:, None, None, None], float("-inf"))
+    p = torch.cat([s0, diag.permute(1, 2, 3, 0)], dim=-1).softmax(-1).to(q.dtype)
+    return p[..., :t] @ _repeat_kv(v0, rep) + torch.einsum("bhtj,jbhtd->bhtd", p[..., t:], dv)
+
+
 class TTTModel(nn.Module):
     """The drafter unrolled over ``steps`` TTT steps; returns the weighted loss and per-step counts.
 
@@ -109,6 +132,8 @@ class TTTModel(nn.Module):
         self.loss_chunk = loss_chunk  # positions per chunk of the draft-vocab loss; 0: full logits
         self.timer = None  # an ``eaglekb.engine.timing.PhaseTimer`` while profiling (marks unroll / loss)
         self._compiled = None
+        self._step_fns = None  # compile_unroll("step"): the compiled (_first_step, _later_step)
+        self.compile_scope: str | None = None
         self._loss_terms = None  # the loss's chunk_terms through torch.compile (compile_loss), or None: eager
         self.compile_error: str | None = None
         self.register_buffer("embed", embed.detach().float(), persistent=False)
@@ -132,14 +157,23 @@ class TTTModel(nn.Module):
         """All TTT steps' draft logits ``[K][B,T,Vd]`` (teacher-forced inputs; for checks)."""
         return [self.drafter.logits(h) for h in self._unroll(input_ids, aux_hidden)]
 
-    def compile_unroll(self) -> None:
+    def compile_unroll(self, scope: str = "unroll") -> None:
         """Run the unroll through ``torch.compile`` (``COMPILE_BACKEND``) from the next forward on.
 
-        The sequence length is marked dynamic at every call, so the graph compiled on the first batch serves
+        ``scope`` "unroll": the whole unroll is one graph, so its compile grows with the TTT depth (forward and
+        backward of every step). "step": one TTT step is compiled, as two graphs (step 0, and every later step with
+        the diagonal keys in fixed slots, ``diag_attention``) that serve every depth, so the compile is bounded.
+        The sequence length is marked dynamic at every call, so the graphs compiled on the first batch serve
         every later length. Left to dynamo's automatic dynamic shapes, the second distinct length (every batch
         of ``--batching length``) compiled the whole unroll again: 66 s on the CPU for a tiny drafter.
         """
-        self._compiled = torch.compile(self._unroll, backend=COMPILE_BACKEND)
+        if scope == "step":
+            self._step_fns = (torch.compile(self._first_step, backend=COMPILE_BACKEND),
+                              torch.compile(self._later_step, backend=COMPILE_BACKEND))
+            self._compiled = self._stepped_unroll
+        else:
+            self._compiled = torch.compile(self._unroll, backend=COMPILE_BACKEND)
+        self.compile_scope = scope
         self.compile_error = None
 
     def compile_loss(self) -> None:
@@ -152,6 +186,7 @@ class TTTModel(nn.Module):
     def eager(self, reason: str) -> None:
         """Fall back to the eager unroll and loss for good (a compile failure); ``reason`` is kept for the report."""
         self._compiled = None
+        self._step_fns = None
         self._loss_terms = None
         self.compile_error = reason
 
@@ -168,9 +203,7 @@ class TTTModel(nn.Module):
         compile error and without gradients (validation: a graph without autograd would be a second compile, 44 s
         at the first validation of an H200 run, for a few eager batches)."""
         if self._compiled is not None and torch.is_grad_enabled():
-            if input_ids.shape[1] > 1:  # one graph for every batch length: no second compile at the second length
-                torch._dynamo.mark_dynamic(input_ids, 1)
-                torch._dynamo.mark_dynamic(aux_hidden, 1)
+            _dynamic_length((input_ids, 1), (aux_hidden, 1))  # one graph for every batch length
             try:
                 return self._compiled(input_ids, aux_hidden)
             except Exception as exc:  # a compiler failure of any kind: the eager unroll computes the same
@@ -195,6 +228,50 @@ class TTTModel(nn.Module):
             hidden = mid.feed_forward(hidden + attn.output(ttt_attention(q, keys, values)))
             out.append(hidden)
         return out
+
+    def _stepped_unroll(self, input_ids, aux_hidden) -> list[torch.Tensor]:
+        """``_unroll`` one step at a time through ``_first_step`` and ``_later_step`` (compiled: ``compile_unroll``),
+        the diagonal keys of steps ``1..k`` in ``steps - 1`` fixed slots."""
+        d = self.drafter
+        first, later = self._step_fns or (self._first_step, self._later_step)
+        hidden = d.project_hidden(aux_hidden.to(d.fc.weight.dtype))
+        dev = input_ids.device
+        base = torch.arange(input_ids.shape[1], device=dev)
+        slots = max(self.steps - 1, 1)
+        order = torch.arange(slots, device=dev)
+        out: list[torch.Tensor] = []
+        for k in range(self.steps):
+            emb = F.embedding(shift(input_ids, k + 1), self.embed).to(hidden.dtype)
+            cos, sin = d.rope((base + (k if self.positions == "runtime" else 0))[None])
+            _dynamic_length((emb, 1), (hidden, 1), (cos, 2), (sin, 2))
+            if k == 0:
+                hidden, k0, v0 = first(emb, hidden, cos, sin)
+                dk = k0.new_zeros((slots, *k0.shape))
+                dv = torch.zeros_like(dk)
+                if torch.is_grad_enabled():  # as the later steps' slots: one guard, one graph
+                    dk.requires_grad_()
+                    dv.requires_grad_()
+            else:
+                _dynamic_length((k0, 2), (v0, 2), (dk, 3), (dv, 3))
+                hidden, dk, dv = later(emb, hidden, cos, sin, k0, v0, dk, dv, order < k, order == k - 1)
+            out.append(hidden)
+        return out
+
+    def _first_step(self, emb, hidden, cos, sin):
+        """TTT step 0: its output hidden, and its keys and values (every later step attends to them causally)."""
+        mid, attn = self.drafter.midlayer, self.drafter.midlayer.self_attn
+        q, key, value = attn.project(mid.fuse(emb, hidden), cos, sin)
+        return mid.feed_forward(hidden + attn.output(ttt_attention(q, [key], [value]))), key, value
+
+    def _later_step(self, emb, hidden, cos, sin, k0, v0, dk, dv, live, slot):
+        """TTT step ``k > 0``: its key and value written to ``slot`` (slot ``k - 1``), attention over step 0's keys
+        and the ``live`` slots; its output hidden and the slots."""
+        mid, attn = self.drafter.midlayer, self.drafter.midlayer.self_attn
+        q, key, value = attn.project(mid.fuse(emb, hidden), cos, sin)
+        here = slot[:, None, None, None, None]
+        dk, dv = torch.where(here, key[None], dk), torch.where(here, value[None], dv)
+        hidden = mid.feed_forward(hidden + attn.output(diag_attention(q, k0, v0, dk, dv, live)))
+        return hidden, dk.contiguous(), dv.contiguous()  # the layout of the slots passed in: no recompile
 
     def _mark(self, phase: str) -> None:
         if self.timer is not None:
