@@ -107,3 +107,16 @@ def test_step_compile_with_p_eagle_is_one_line():
     with pytest.raises(BadInput, match="--compile") as err:
         TrainConfig(data="d", out="o", method="p-eagle", parallel_tokens=4, compile="step").check()
     assert "\n" not in str(err.value) and "auto, on or off" in str(err.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_step_compile_on_cuda_trains_like_the_eager_run(data, tmp_path):
+    """On CUDA (``-m gpu``): inductor, bf16 autocast, ``--compile step`` against the eager run (losses within 2e-2)."""
+    ref = train(cfg_for(data, tmp_path / "ref", device="cuda", steps=4, compile="off", batching="length"),
+                progress=False)
+    fast = train(cfg_for(data, tmp_path / "step", device="cuda", steps=4, compile="step", batching="length"),
+                 progress=False)
+    assert fast["speed"]["compile_scope"] == "step", fast["speed"]["compile_error"]
+    for step, loss in ref["history"]["train_loss"].items():
+        assert fast["history"]["train_loss"][step] == pytest.approx(loss, rel=2e-2)
