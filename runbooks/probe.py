@@ -28,6 +28,8 @@ def _one_float(value, option):
         "shape_from": "bench/NAME: the best point of that recorded sweep (same prompt set, drafter and kind of "
                       "device) as --steps, --topk and --draft-tokens",
         "temperature": "0 = greedy (exactness checked); > 0 = sampled verification",
+        "min_draft_prob": "a chain ends after a drafted token whose draft probability is below this (0 = always "
+                          "--steps tokens; 0.3: deep where the drafter is sure, short where it is not)",
         "device": "cpu or cuda[:N]",
         "dtype": "float32 (exactness holds), bfloat16 or float16",
         "baseline_tps": "override the measured baseline tok/s in the verdict",
@@ -39,7 +41,8 @@ def _one_float(value, option):
 )
 def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompts="gsm8k-eval", num_prompts=8,
           max_new_tokens=64, steps=3, topk=1, draft_tokens=None, temperature=0.0, device="cpu",
-          dtype="float32", baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None, shape_from=None):
+          dtype="float32", baseline_tps=None, cycle_ms=None, json=False, record=None, compare=None, shape_from=None,
+          min_draft_prob=0.0):
     """Offline (teacher-forced) and online acceptance, exactness, and viable-or-not against break-even."""
     with cli_errors():
         from eaglekb.io.progress import announce
@@ -61,6 +64,7 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
             topk=parse_int(topk, "--topk"), draft_tokens=parse_int(draft_tokens, "--draft-tokens"),
             temperature=_one_float(temperature, "--temperature"), device=device, dtype=dtype,
             baseline_tps=_one_float(baseline_tps, "--baseline-tps"), cycle_ms=_one_float(cycle_ms, "--cycle-ms"),
+            min_draft_prob=_one_float(min_draft_prob, "--min-draft-prob") or 0.0,
         )
         report = lib.run(cfg, progress=not json)
         if shape:

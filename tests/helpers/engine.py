@@ -24,7 +24,7 @@ class OracleDrafting(Drafting):
     def _wrong(self, truth: int) -> int:
         return (truth + self.rng.randrange(1, VOCAB)) % VOCAB
 
-    def chain(self, root_logits, root_hidden, *, root_pos, scratch, steps, temperature=0.0, gen=None):
+    def chain(self, root_logits, root_hidden, *, root_pos, scratch, steps, temperature=0.0, gen=None, min_prob=0.0):
         super().chain(root_logits, root_hidden, root_pos=root_pos, scratch=scratch, steps=steps)  # real work
         cut = self.rng.randint(0, steps)
         toks = [self._truth(root_pos, d) if d <= cut else self._wrong(self._truth(root_pos, d))

@@ -175,6 +175,13 @@ def _choose(logits: torch.Tensor, temperature: float, gen: torch.Generator | Non
     return torch.multinomial(probs, 1, generator=gen).squeeze(-1), probs
 
 
+def _draft_prob(logits: torch.Tensor, did: torch.Tensor, probs: torch.Tensor | None) -> float:
+    """The drafted token's probability under the draft distribution (greedy: the softmax's top)."""
+    if probs is None:
+        return float(torch.softmax(logits.float(), dim=-1).max())
+    return float(probs[did])
+
+
 def top_children(logits: torch.Tensor, k: int, *, rounds: bool | None = None, values: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's ``k`` best children: their log-probabilities (float32; into ``values`` when given) and draft ids,
@@ -229,8 +236,10 @@ class Drafting:
         return mask_width(needed, self.cache_len, static=False, device=self.dm.device)
 
     def chain(self, root_logits, root_hidden, *, root_pos: int, scratch: int, steps: int,
-              temperature: float = 0.0, gen=None) -> DraftTree:
-        """topk 1: ``steps`` tokens, each drafted from the previous one."""
+              temperature: float = 0.0, gen=None, min_prob: float = 0.0) -> DraftTree:
+        """topk 1: ``steps`` tokens, each drafted from the previous one; with ``min_prob``, fewer: the chain ends
+        after a token whose draft probability (greedy: the top probability; sampled: the drawn token's) is below it.
+        The drafter's confidence tracks acceptance, so the chain goes deep where it will be accepted."""
         dm, dev = self.dm, self.dm.device
         tree = DraftTree()
         qs = []
@@ -242,7 +251,7 @@ class Drafting:
             tok_tensors.append(torch.stack((did, tok)))
             if probs is not None:
                 qs.append(probs)
-            if s == steps:
+            if s == steps or (min_prob > 0 and _draft_prob(logits, did, probs) < min_prob):
                 break
             slot = scratch + s - 1
             width = self._width(slot + 1)

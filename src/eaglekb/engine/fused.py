@@ -146,6 +146,7 @@ class _Fused:
         for d in range(k):
             result.accepted_per_depth[d] += 1
         result.accept_lens.append(len(new))
+        result.drafted += getattr(self, "nodes", self.steps)  # a tree's nodes, a chain's steps
         seq += new
         result.tokens += new
         return self.aux, m - 1

@@ -54,6 +54,8 @@ class SpecConfig:
     topk: int = 1
     draft_tokens: int | None = None  # None: steps + 1 for a chain, else 1 + topk * steps
     temperature: float = 0.0
+    # a chain stops drafting after a token whose draft probability is below this (0: always ``steps`` tokens)
+    min_draft_prob: float = 0.0
 
     def __post_init__(self):
         for name, low in (("steps", 1), ("topk", 1)):
@@ -74,6 +76,14 @@ class SpecConfig:
                            found=str(self.draft_tokens))
         if self.temperature < 0:
             raise BadInput("temperature must be >= 0", where="--temperature", found=str(self.temperature))
+        p = self.min_draft_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+            raise BadInput("draft probability out of range", where="--min-draft-prob", expected="0 <= p < 1",
+                           found=repr(p))
+        if p > 0 and self.topk > 1:
+            raise BadInput("a draft-probability stop ends chains; a tree keeps its draft-token budget",
+                           where="--min-draft-prob", expected="--topk 1 (or --min-draft-prob 0)",
+                           found=f"--topk {self.topk}")
 
     @property
     def nodes(self) -> int:
@@ -88,6 +98,7 @@ class GenResult:
     prompt_len: int
     accept_lens: list[int] = field(default_factory=list)
     accepted_per_depth: list[int] = field(default_factory=list)  # cycles whose depth-d draft was accepted
+    drafted: int = 0  # draft tokens verified, all cycles
     times: dict[str, float] = field(default_factory=dict)  # seconds per phase
 
     @property
@@ -305,7 +316,7 @@ class Engine:
     def draft(self, root_logits, root_hidden, m: int, cfg: SpecConfig) -> DraftTree:
         if cfg.topk == 1:
             return self.drafting.chain(root_logits, root_hidden, root_pos=m - 2, scratch=m - 1, steps=cfg.steps,
-                                       temperature=cfg.temperature, gen=self.gen)
+                                       temperature=cfg.temperature, gen=self.gen, min_prob=cfg.min_draft_prob)
         return self.drafting.tree(root_logits, root_hidden, root_pos=m - 2, scratch=m - 1, steps=cfg.steps,
                                   topk=cfg.topk, budget=cfg.draft_tokens)
 
@@ -359,6 +370,7 @@ class Engine:
         path, bonus = self.accept(tree, v_logits, cfg)
         pending = self.commit(path, v_aux, m)
         new = [tree.tokens[i] for i in path] + [bonus]
+        result.drafted += len(tree)
         for d in range(len(path)):
             result.accepted_per_depth[d] += 1
         result.accept_lens.append(len(new))
@@ -378,7 +390,7 @@ class Engine:
     def fused_cycle(self, cfg: SpecConfig) -> FusedChain | FusedTree | None:
         """The fused cycle for ``cfg`` (built once per shape), or None where the named steps run (sampling, a
         P-EAGLE drafter, or fusing off)."""
-        if not self.fused or cfg.temperature > 0 or self.drafter.parallel_tokens:
+        if not self.fused or cfg.temperature > 0 or self.drafter.parallel_tokens or cfg.min_draft_prob > 0:
             return None
         key = (cfg.steps, cfg.topk, cfg.draft_tokens)
         if key not in self._fused:
@@ -415,6 +427,9 @@ class Engine:
         cfg = cfg or SpecConfig()
         if self.drafter.parallel_tokens:
             check_spec(self.drafter.parallel_tokens, cfg.steps, cfg.topk)
+            if cfg.min_draft_prob > 0:
+                raise BadInput("a P-EAGLE drafter drafts its chain in one pass", where="--min-draft-prob",
+                               expected="0 with a P-EAGLE drafter", found=str(cfg.min_draft_prob))
         ids = self._ids(prompt)
         n = ids.shape[1]
         self.check_fits(n, max_new_tokens, cfg.nodes, (cfg.steps - 1) * cfg.topk if cfg.topk > 1 else 0)

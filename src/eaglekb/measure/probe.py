@@ -62,12 +62,13 @@ class ProbeConfig:
     dtype: str = "float32"
     seed: int = 0
     graphs: bool = True  # CUDA graphs for decode, draft and verify steps on CUDA (ignored on CPU)
+    min_draft_prob: float = 0.0  # a chain ends after a drafted token below this draft probability (0: never)
     baseline_tps: float | None = None  # override the measured baseline for the verdict
     cycle_ms: float | None = None  # override the measured cycle time for the verdict
 
     def spec(self) -> SpecConfig:
         return SpecConfig(steps=self.steps, topk=self.topk, draft_tokens=self.draft_tokens,
-                          temperature=self.temperature)
+                          temperature=self.temperature, min_draft_prob=self.min_draft_prob)
 
 
 # ----------------------------------------------------------------------------- offline
@@ -164,10 +165,12 @@ class OnlineStats:
     exact: int = 0
     prompts: int = 0
     divergences: list[dict] = field(default_factory=list)
+    drafted: int = 0
 
     def add(self, res, spec_s: float) -> None:
         self.tokens += len(res.tokens)
         self.cycles += res.cycles
+        self.drafted += res.drafted
         self.accept_lens += res.accept_lens
         if not self.depth_accepts:
             self.depth_accepts = [0] * len(res.accepted_per_depth)
@@ -228,7 +231,8 @@ def online(engine: Engine, prompts: list[list[int]], cfg: ProbeConfig, eos: tupl
     return stats, base_tps, outputs
 
 
-def online_metrics(st: OnlineStats, steps: int, *, greedy: bool = True) -> dict[str, Any]:
+def online_metrics(st: OnlineStats, steps: int, *, greedy: bool = True, stopped: bool = False) -> dict[str, Any]:
+    """The online run's metrics; ``stopped`` (--min-draft-prob): also the draft tokens verified per cycle."""
     cyc = max(st.cycles, 1)
     hist = {f"len{k}_count": st.accept_lens.count(k) for k in range(1, steps + 2)}
     m: dict[str, Any] = {
@@ -244,6 +248,8 @@ def online_metrics(st: OnlineStats, steps: int, *, greedy: bool = True) -> dict[
         # decode rate, prefill excluded (as the baseline's): tokens after the prefill's / cycle time
         "spec_tok_s": (st.tokens - st.prompts) / st.spec_s if st.spec_s > 0 else 0.0,
     }
+    if stopped:  # chains a draft probability ended: how deep they went
+        m["drafted_per_cycle"] = st.drafted / cyc
     if st.prompts and greedy:  # sampled runs have no single right answer to match
         m["exact_match_frac"] = st.exact / st.prompts
         m["divergent_prompts_count"] = len(st.divergences)
@@ -272,7 +278,8 @@ def _probe_one(engine: Engine, dm: DraftModel, prompts, cfg: ProbeConfig, eos, p
     with still_working(f"{label}: offline acceptance (teacher-forced, {len(prompts)} prompts)", enabled=progress):
         parts = [teacher_forced(engine.target, dm, p + o, len(p), cfg.steps) for p, o in zip(prompts, outputs)]
     correct, held = torch.cat([c for c, _ in parts], dim=1), torch.cat([h for _, h in parts])
-    return (online_metrics(stats, cfg.steps, greedy=cfg.temperature <= 0), offline_metrics(correct, held), base_tps,
+    return (online_metrics(stats, cfg.steps, greedy=cfg.temperature <= 0, stopped=cfg.min_draft_prob > 0),
+            offline_metrics(correct, held), base_tps,
             stats)
 
 
@@ -330,6 +337,8 @@ def run(cfg: ProbeConfig, *, progress: bool = True) -> ProbeReport:
         metrics["vs_reference_x"] = online_m["accept_len"] / r_on["accept_len"] if r_on["accept_len"] else 0.0
     summary = _summary(verdict, online_m, offline_m, cfg)
     config = asdict(cfg)
+    if not cfg.min_draft_prob:  # the records before the option and those without it: one config
+        del config["min_draft_prob"]
     config["draft_tokens"] = spec.draft_tokens
     config["capture_points"] = loaded.capture_points
     return ProbeReport(config=config, prompts_manifest=pset.manifest, metrics=metrics, verdict=verdict,
