@@ -159,7 +159,7 @@ OPTIONS: dict[str, Callable[[Any, str], Any]] = {
     "epochs": real(above=0, hi=10**6), "lr": real(above=0, hi=10), "warmup_frac": real(lo=0, hi=1),
     "grad_clip": real(lo=0), "val_fraction": real(lo=0, hi=0.9), "eval_every": whole(0, _MANY),
     "save_every": whole(0, _MANY), "stop_after": whole(1, _MANY), "min_lr_frac": real(lo=0, hi=1),
-    "temperature": real(lo=0, hi=100), "top_p": real(above=0, hi=1), "eval_limit": whole(1, _MANY),
+    "temperature": real(lo=0, hi=100), "top_p": real(above=0, hi=1), "min_draft_prob": real(lo=0, hi=1), "eval_limit": whole(1, _MANY),
     "train_limit": whole(1, _MANY), "fit_steps": whole(0, _MANY),
     "dtype": one_of("float32", "bfloat16", "float16"), "mode": one_of("greedy", "sampled"),
     "features": one_of("stored", "online"), "generator": one_of("auto", "hf", "engine"),

@@ -60,6 +60,8 @@ def _sweep_blamed(swept: bool) -> Iterator[None]:
         "topk": "tree branching (1 = chain)",
         "draft_tokens": "draft-token budget incl. the root",
         "sweep": "several points 'steps,topk[,draft_tokens];...' e.g. '3,1;5,1;4,4,16'",
+        "min_draft_prob": "every chain point ends after a drafted token whose draft probability is below this "
+                          "(0 = always --steps tokens; chains only)",
         "shape_from": "bench/NAME: the best point of that recorded sweep (same prompt set, drafter and kind of "
                       "device) as the one point timed",
         "repeats": "timed passes over all prompts and methods (default 3)",
@@ -91,7 +93,7 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
           steps=None, topk=None, draft_tokens=None, sweep=None, repeats=3, warmup=1, device="cpu",
           dtype="float32", graphs="auto", peers="hf_generate,hf_prompt_lookup,hf_static_compile",
           compile="auto", fused="auto", profile=False, json=False, record=None, compare=None, cpu_step_threads=1, shape_from=None,
-          cpu_packed="auto", cpu_draft_fp16="auto", cpu_target_fp16="auto", cpu_draft_int8="off"):
+          cpu_packed="auto", cpu_draft_fp16="auto", cpu_target_fp16="auto", cpu_draft_int8="off", min_draft_prob=0.0):
     """Engine baseline, EAGLE-3 speculative (sweep) and transformers peers, side by side."""
     with cli_errors():
         from eaglekb.measure import bench as lib
@@ -125,9 +127,10 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             compile=str(compile), fused=str(fused), profile=bool(profile),
             cpu_step_threads=parse_int(cpu_step_threads, "--cpu-step-threads"), cpu_packed=str(cpu_packed),
             cpu_draft_fp16=str(cpu_draft_fp16), cpu_target_fp16=str(cpu_target_fp16),
-            cpu_draft_int8=str(cpu_draft_int8),
+            cpu_draft_int8=str(cpu_draft_int8), min_draft_prob=float(min_draft_prob),
         )
         with _sweep_blamed(bool(sweep)):
+            cfg.specs()  # each point's rules (and --min-draft-prob's) before anything loads
             report = lib.run(cfg, progress=not json)
         if shape:
             report.config["shape_from"] = shape["from"]  # where the shape came from, in the record

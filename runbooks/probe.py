@@ -64,8 +64,9 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
             topk=parse_int(topk, "--topk"), draft_tokens=parse_int(draft_tokens, "--draft-tokens"),
             temperature=_one_float(temperature, "--temperature"), device=device, dtype=dtype,
             baseline_tps=_one_float(baseline_tps, "--baseline-tps"), cycle_ms=_one_float(cycle_ms, "--cycle-ms"),
-            min_draft_prob=_one_float(min_draft_prob, "--min-draft-prob") or 0.0,
+            min_draft_prob=float(min_draft_prob),
         )
+        cfg.spec()  # the draft shape's rules (and --min-draft-prob's) before anything loads
         report = lib.run(cfg, progress=not json)
         if shape:
             report.config["shape_from"] = shape["from"]  # where the shape came from, in the record

@@ -56,3 +56,11 @@ def test_a_bad_probability_stop_is_one_line(over, found):
     with pytest.raises(BadInput, match="--min-draft-prob") as err:
         SpecConfig(steps=3, **over)
     assert found in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bench_names_a_stopped_chain():
+    from eaglekb.measure.bench import BenchConfig, spec_name
+
+    stopped = BenchConfig(sweep=[(3, 1, None), (6, 1, None)], min_draft_prob=0.3).specs()
+    assert [spec_name(s) for s in stopped] == ["spec_s3_k1_n4_p30", "spec_s6_k1_n7_p30"]
+    assert spec_name(BenchConfig().specs()[0]) == "spec_s3_k1_n4"

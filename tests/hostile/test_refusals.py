@@ -79,6 +79,10 @@ BAD = [
     (["finetune", "--data=in", "--compile=sometimes"], "--compile", "not an accepted value"),
     (["finetune", "--data=in", "--method=p-eagle", "--compile=step"], "--compile", "one pass"),
     (["bench", "--compile=step"], "--compile", "not an accepted value"),  # one TTT step: training's value only
+    (["probe", "--min-draft-prob=1.5"], "--min-draft-prob", "out of range"),
+    (["probe", "--min-draft-prob=1"], "--min-draft-prob", "0 <= p < 1"),
+    (["probe", "--topk=2", "--min-draft-prob=0.3"], "--min-draft-prob", "--topk 2"),
+    (["bench", "--sweep=3,1;4,4,16", "--min-draft-prob=0.3"], "--min-draft-prob", "--topk 4"),
     (["bench", "--fused=always"], "--fused", "not an accepted value"),
     (["bench", "--cpu-packed=fast"], "--cpu-packed", "not an accepted value"),
     (["bench", "--cpu-draft-fp16=fast"], "--cpu-draft-fp16", "not an accepted value"),

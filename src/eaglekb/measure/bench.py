@@ -9,23 +9,20 @@ verify and overhead (CUDA events on a GPU). Every method generates exactly
 
 Methods:
 
-* ``engine``: the engine's own plain decoding (static cache; CUDA graphs on GPU
-  unless ``graphs="off"``);
-* ``spec_sS_kK_nN``: EAGLE-3 in the engine, one per sweep point (steps S, topk K,
-  draft tokens N);
+* ``engine``: the engine's own plain decoding (static cache; CUDA graphs on GPU unless ``graphs="off"``);
+* ``spec_sS_kK_nN``: EAGLE-3 in the engine, one per sweep point (steps S, topk K, draft tokens N; ``_pP`` where
+  ``min_draft_prob`` ends chains after a draft below P percent, ``drafted_len`` then says how deep they went);
 * ``hf_generate``: transformers ``generate`` greedy (dynamic cache);
 * ``hf_static_compile`` (CUDA only): ``generate`` with ``cache_implementation="static"``
   and ``torch.compile`` of the forward; a failure (it failed on transformers 5.17
   once) is recorded in ``failures``, not raised;
 * ``hf_prompt_lookup``: ``generate(prompt_lookup_num_tokens=...)``.
 
-On CUDA with ``graphs="both"`` the plain decode step and the verify cycle are also
-timed eager and graphed (the investigation's F04: verify without graphs).
+On CUDA with ``graphs="both"`` the plain decode step and the verify cycle are also timed eager and graphed (F04).
 
-The report names the fastest sweep point on the measured machine (``metrics.best``:
-steps, topk, draft tokens) and the SGLang server flags that serve that point
-(``eaglekb.measure.sglang.config.launch_command``), so a user serves what was measured; when
-no point beats plain decoding it says so and gives the plain server command.
+The report names the fastest sweep point on the measured machine (``metrics.best``: steps, topk, draft tokens)
+and the SGLang server flags that serve that point (``eaglekb.measure.sglang.config.launch_command``), so a user
+serves what was measured; when no point beats plain decoding it says so and gives the plain server command.
 
 Knows nothing about the task runner; ``runbooks/bench.py`` calls ``run``.
 """
@@ -75,16 +72,19 @@ class BenchConfig:
     cpu_draft_fp16: str = "auto"  # CPU: drafter products on float16 copies of matrices it holds exactly: auto/on/off
     cpu_target_fp16: str = "auto"  # CPU: target steps on float16 copies: auto (timed per row count), on, off
     cpu_draft_int8: str = "off"  # CPU: most drafter products on int8 copies (lossy, acceptance only): auto/on/off
+    min_draft_prob: float = 0.0  # every chain point ends after a drafted token below this draft probability (0: never)
 
     def specs(self) -> list[SpecConfig]:
-        return [SpecConfig(steps=s, topk=k, draft_tokens=n) for s, k, n in self.sweep]
+        return [SpecConfig(steps=s, topk=k, draft_tokens=n, min_draft_prob=self.min_draft_prob)
+                for s, k, n in self.sweep]
 
 
 PEERS = ("hf_generate", "hf_prompt_lookup", "hf_static_compile")
 
 
 def spec_name(s: SpecConfig) -> str:
-    return f"spec_s{s.steps}_k{s.topk}_n{s.draft_tokens}"
+    """``spec_sS_kK_nN``, and ``_pP`` (percent) for chains a draft probability ends (``--min-draft-prob``)."""
+    return f"spec_s{s.steps}_k{s.topk}_n{s.draft_tokens}" + (f"_p{round(s.min_draft_prob * 100)}" if s.min_draft_prob else "")
 
 
 def parse_sweep(text: str | None, steps: int | None, topk: int | None, draft_tokens: int | None) -> list[tuple]:
@@ -102,9 +102,6 @@ def parse_sweep(text: str | None, steps: int | None, topk: int | None, draft_tok
                            found=repr(item)) from None
         out.append((s, k, n))
     return out
-
-
-# ----------------------------------------------------------------------------- methods
 
 
 def _hf_runner(hf, max_new: int, device: str, **kw) -> Callable[[list[int]], int]:
@@ -238,6 +235,7 @@ def _timed_passes(cfg: BenchConfig, methods: list[Method], prompts: list[list[in
         phases: dict[str, dict[str, float]] = {m.name: {} for m in methods if m.is_spec}
         ncyc = {m.name: 0 for m in methods if m.is_spec}
         acc = {m.name: 0 for m in methods if m.is_spec}
+        drafted = {m.name: 0 for m in methods if m.is_spec}
         order = methods if rep % 2 == 0 else methods[::-1]  # alternate the order between passes too
         for p in prompts:
             for m in order:
@@ -250,6 +248,7 @@ def _timed_passes(cfg: BenchConfig, methods: list[Method], prompts: list[list[in
                         phases[m.name][k] = phases[m.name].get(k, 0.0) + v
                     ncyc[m.name] += out.cycles
                     acc[m.name] += sum(out.accept_lens)
+                    drafted[m.name] += out.drafted
                 bar.update(1)
         for m in methods:
             per_method[m.name].append(toks[m.name] / secs[m.name])
@@ -260,6 +259,8 @@ def _timed_passes(cfg: BenchConfig, methods: list[Method], prompts: list[list[in
                 cycles[m.name].setdefault("cycle_ms", []).append(
                     1000 * sum(phases[m.name].get(k, 0.0) for k in ("draft", "verify", "overhead")) / c)
                 accept[m.name].append(acc[m.name] / c)
+                if cfg.min_draft_prob:  # how deep the chains a draft probability ended went
+                    cycles[m.name].setdefault("drafted_len", []).append(drafted[m.name] / c)
     bar.close()
     return per_method, cycles, accept
 
@@ -307,7 +308,8 @@ def serve_best(cfg: BenchConfig, metrics: dict, specs: list[SpecConfig], target_
         return {}
     pays = metrics[spec_name(best)]["vs_engine_x"] > 1.0
     point = {"steps_count": best.steps, "topk_count": best.topk, "draft_tokens_count": best.draft_tokens,
-             "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"]}
+             "vs_engine_x": metrics[spec_name(best)]["vs_engine_x"],
+             **({"min_draft_prob_frac": best.min_draft_prob} if best.min_draft_prob else {})}
     if pays and unservable:
         return {"metrics": point, "config": {"method": spec_name(best), "pays": pays, "sglang_flags": None,
                                              "sglang_command": None, "sglang_refusal": unservable}}
@@ -356,6 +358,8 @@ def run(cfg: BenchConfig, *, progress: bool = True) -> BenchReport:
     metrics, spread = _metrics(*_timed_passes(cfg, methods, prompts, progress), specs)
     metrics["engine"]["start_s"] = start_s
     config = asdict(cfg)
+    if not cfg.min_draft_prob:  # the records before the option and those without it: one config
+        del config["min_draft_prob"]
     if compare_graphs:
         metrics["graphs"] = eager_vs_graphed(loaded, prompts[0], specs[0] if specs else None, max_len, cfg)
     if graphed:
@@ -470,8 +474,11 @@ def render_text(r: BenchReport) -> str:
     best = r.config.get("best")
     if best:
         b = r.metrics["best"]
+        stop = f", ending after a draft below probability {b['min_draft_prob_frac']}" if "min_draft_prob_frac" in b else ""
         lines.append(f"best on this machine: steps {b['steps_count']}, topk {b['topk_count']}, draft tokens "
-                     f"{b['draft_tokens_count']} ({b['vs_engine_x']:.2f}x the engine)")
+                     f"{b['draft_tokens_count']}{stop} ({b['vs_engine_x']:.2f}x the engine)")
+        if stop and best["pays"] and not best.get("sglang_refusal"):
+            lines.append("  SGLang has no draft-probability stop: the flags below draft every step")
         if best.get("sglang_refusal"):
             lines.append(f"  SGLang cannot serve it: {best['sglang_refusal']}")
         elif best["pays"]:

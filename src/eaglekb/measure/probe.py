@@ -249,7 +249,7 @@ def online_metrics(st: OnlineStats, steps: int, *, greedy: bool = True, stopped:
         "spec_tok_s": (st.tokens - st.prompts) / st.spec_s if st.spec_s > 0 else 0.0,
     }
     if stopped:  # chains a draft probability ended: how deep they went
-        m["drafted_per_cycle"] = st.drafted / cyc
+        m["drafted_len"] = st.drafted / cyc  # draft tokens verified a cycle
     if st.prompts and greedy:  # sampled runs have no single right answer to match
         m["exact_match_frac"] = st.exact / st.prompts
         m["divergent_prompts_count"] = len(st.divergences)
