@@ -112,10 +112,11 @@ def bench(c, target="smollm2-135m", drafter=None, prompts="gsm8k-eval", num_prom
             ("cpu_target_fp16", cuda, "--device cpu (half-width target copies for the CPU engine's steps)"),
             ("cpu_draft_int8", cuda, "--device cpu (int8 drafter copies for the CPU engine's steps)"),
         ], locals())
-        shape = shape_from_record(shape_from, locals(), also=("sweep",), prompts=prompts,
+        shape = shape_from_record(shape_from, locals(), also=("sweep", "min_draft_prob"), prompts=prompts,
                                   drafter=drafter or default_drafter(target), device=device)
         if shape:
             steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
+            min_draft_prob = shape["min_draft_prob"]
         cfg = lib.BenchConfig(
             target=target, drafter=drafter or default_drafter(target), prompts=prompts,
             num_prompts=parse_int(num_prompts, "--num-prompts"), max_new_tokens=parse_int(max_new_tokens, "--max-new-tokens"),

@@ -52,10 +52,11 @@ def probe(c, target="smollm2-135m", drafter=None, reference_drafter=None, prompt
         from eaglekb.measure import probe as lib
         from eaglekb.measure.setup import default_drafter
 
-        shape = shape_from_record(shape_from, values, prompts=prompts, drafter=drafter or default_drafter(target),
+        shape = shape_from_record(shape_from, values, also=("min_draft_prob",), prompts=prompts, drafter=drafter or default_drafter(target),
                                   device=device)
         if shape:
             steps, topk, draft_tokens = shape["steps"], shape["topk"], shape["draft_tokens"]
+            min_draft_prob = shape["min_draft_prob"]
 
         cfg = lib.ProbeConfig(
             target=target, drafter=drafter or default_drafter(target), reference_drafter=reference_drafter,

@@ -261,7 +261,7 @@ def test_sampled_engine_end_to_end_matches_target():
     counts = torch.zeros(vocab)
     accepted = 0
     for _ in range(n):
-        r = eng.speculative(prompt, 2, SpecConfig(steps=1, temperature=1.0))
+        r = eng.speculative(prompt, 3, SpecConfig(steps=1, temperature=1.0))  # a first cycle's 2 tokens all kept
         counts[r.tokens[1]] += 1
         accepted += r.accept_lens[0] > 1
     with torch.no_grad():
@@ -269,3 +269,22 @@ def test_sampled_engine_end_to_end_matches_target():
         p2 = torch.softmax(hf(torch.tensor([prompt + [a] for a in range(vocab)])).logits[:, -1], -1)
     assert _pvalue(counts, p1 @ p2) > 1e-3
     assert 0 < accepted < n
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_accept_lengths_count_output_tokens_only(steps):
+    """A cycle that reaches the end (max_new_tokens, or a stop token anywhere in it) keeps only the tokens output:
+    accept lengths sum to the output (the first token is the prefill's), depth counts agree with them, and no cycle
+    runs after a stop token, wherever in a cycle it came (SGLang: completion tokens / verify passes)."""
+    cfg, hf, tm = build("llama", max_len=128)
+    eng = Engine(tm, DraftModel(tiny_drafter(cfg), tm))
+    prompt = list(range(5, 16))
+    want = eng.generate(prompt, 60).tokens
+    eng.drafting = OracleDrafting(eng.drafting, want, len(prompt), seed=steps)
+    for n, stop in ((60, ()), (37, ()), (60, (want[23],))):
+        got = eng.speculative(prompt, n, SpecConfig(steps=steps), stop_ids=stop)
+        assert sum(got.accept_lens) == len(got.tokens) - 1
+        for d, n_d in enumerate(got.accepted_per_depth):  # a kept depth-(d+1) draft: d+1 tokens output (d+2 untrimmed)
+            assert sum(a >= d + 2 for a in got.accept_lens) <= n_d <= sum(a >= d + 1 for a in got.accept_lens)
+        if stop:
+            assert got.tokens == want[:want.index(stop[0]) + 1]

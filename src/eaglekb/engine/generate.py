@@ -90,6 +90,19 @@ class SpecConfig:
         return self.draft_tokens - 1
 
 
+def _trim_last_cycle(result: "GenResult", cut: int) -> None:
+    """The last cycle's tokens past the end (``max_new_tokens`` or a stop token) are not output: its accept length
+    and depth counts keep only the tokens kept, so accept lengths count output tokens (SGLang's
+    ``completion_tokens / spec_verify_ct``), not drafts accepted past a prompt's end."""
+    if cut <= 0 or not result.accept_lens:
+        return
+    length = result.accept_lens[-1]
+    kept = max(length - cut, 1)  # the loop stops at the cycle that reaches the end: it keeps at least one token
+    result.accept_lens[-1] = kept
+    for d in range(kept, length - 1):  # drafts at depth d+1 that fell past the end
+        result.accepted_per_depth[d] -= 1
+
+
 @dataclass
 class GenResult:
     """One generation: new tokens, per-cycle accept lengths (bonus included) and phase times."""
@@ -445,12 +458,15 @@ class Engine:
         pending, start = aux[0], 0
         fused = self.fused_cycle(cfg)
         with self._steps():
-            while len(result.tokens) < max_new_tokens and result.tokens[-1] not in stop_ids:
+            done = first in stop_ids
+            while len(result.tokens) < max_new_tokens and not done:
+                before = len(result.tokens)
                 if fused is not None and extended is None:  # the first cycle consumes the prompt's extend
                     pending, start = fused.cycle(seq, result, pending, start, timer)
                 else:
                     pending, start = self._cycle(seq, result, pending, start, cfg, timer, extended)
                 extended = None
+                done = any(t in stop_ids for t in result.tokens[before:])  # a stop token anywhere in the cycle
         if fused is not None:
             fused.end(timer)  # the draft queued for a next cycle: not a cycle's
         timer.stop()
@@ -459,6 +475,7 @@ class Engine:
             if t in stop_ids:
                 toks = toks[:i + 1]
                 break
+        _trim_last_cycle(result, len(result.tokens) - len(toks))
         result.tokens = toks
         result.times = timer.totals()
         return result

@@ -52,7 +52,8 @@ def best_shape(ref: str, *, prompts: str | None = None, drafter: str | None = No
         raise BadInput("the shape was measured with another drafter", where=where,
                        expected=f"--drafter {b.config.get('drafter')} (or a folder holding the same files)",
                        found=f"--drafter {drafter}")
-    return dict(shape, **{"from": bid, "prompts": recorded})
+    stop = (best or {}).get("min_draft_prob_frac", 0.0)  # a chain the best point ended on a draft probability
+    return dict(shape, **{"from": bid, "prompts": recorded, "min_draft_prob": stop})
 
 
 def _same_drafter(b: baselines.Baseline, drafter: str) -> bool:
