@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runbooks._common import cli_errors, emit, finish, finish_text, parse_floats, parse_int, shape_from_record, task
 
-DEFAULT_RECORD = "smollm2-135m-default"
+DEFAULT_RECORD = "cpu-smollm2-default-stop-s3-gsm8k"  # the embedded default probe, newest record
 
 
 
