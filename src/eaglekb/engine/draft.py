@@ -239,7 +239,7 @@ class Drafting:
               temperature: float = 0.0, gen=None, min_prob: float = 0.0) -> DraftTree:
         """topk 1: ``steps`` tokens, each drafted from the previous one; with ``min_prob``, fewer: the chain ends
         after a token whose draft probability (greedy: the top probability; sampled: the drawn token's) is below it.
-        The drafter's confidence tracks acceptance, so the chain goes deep where it will be accepted."""
+        Deep where the drafter is sure, short where it guesses (docs/findings/F26 measures what that buys)."""
         dm, dev = self.dm, self.dm.device
         tree = DraftTree()
         qs = []
