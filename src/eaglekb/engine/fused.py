@@ -65,6 +65,7 @@ class _Fused:
     def __init__(self, engine, steps: int, vrows: int, width: int = 0, roots: int = 1, lead: int = 0):
         dev = engine.device
         self.eng, self.steps = engine, steps
+        self.nodes = steps  # draft tokens verified a cycle (a chain's steps; a tree sets its own)
         self.rows = engine.pad_rows(max(steps + 1, 2))  # drafter extend rows (accepted + bonus, padded)
         self.vrows = vrows  # verify rows (root + nodes, padded)
         self.roots = roots
@@ -146,7 +147,7 @@ class _Fused:
         for d in range(k):
             result.accepted_per_depth[d] += 1
         result.accept_lens.append(len(new))
-        result.drafted += getattr(self, "nodes", self.steps)  # a tree's nodes, a chain's steps
+        result.drafted += self.nodes
         seq += new
         result.tokens += new
         return self.aux, m - 1

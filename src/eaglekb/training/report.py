@@ -74,7 +74,7 @@ def build_report(run, history: dict, val: dict | None, step: int, tokens: int, s
                        "tok_s": round(tokens / seconds, 2) if seconds else None},
         "speed": {"amp": cfg.amp if run.device.type == "cuda" else "none (cpu: float32)",
                   "compiled_unroll": run.model.compiled,
-                  "compile_scope": run.model.compile_scope if run.model.compiled else None,
+                  "compile_scope": run.model.compile_scope,
                   "compiled_loss": run.model.compiled_loss,
                   "compiled_target": bool(run.features is not None and run.features.target.compiled_features),
                   "compile_error": run.model.compile_error,

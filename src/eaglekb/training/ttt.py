@@ -133,7 +133,7 @@ class TTTModel(nn.Module):
         self.timer = None  # an ``eaglekb.engine.timing.PhaseTimer`` while profiling (marks unroll / loss)
         self._compiled = None
         self._step_fns = None  # compile_unroll("step"): the compiled (_first_step, _later_step)
-        self.compile_scope: str | None = None
+        self.compile_scope: str | None = None  # "unroll" or "step" while compiled, else None
         self._loss_terms = None  # the loss's chunk_terms through torch.compile (compile_loss), or None: eager
         self.compile_error: str | None = None
         self.register_buffer("embed", embed.detach().float(), persistent=False)
@@ -187,6 +187,7 @@ class TTTModel(nn.Module):
         """Fall back to the eager unroll and loss for good (a compile failure); ``reason`` is kept for the report."""
         self._compiled = None
         self._step_fns = None
+        self.compile_scope = None
         self._loss_terms = None
         self.compile_error = reason
 
@@ -220,14 +221,18 @@ class TTTModel(nn.Module):
         out: list[torch.Tensor] = []
         base = torch.arange(input_ids.shape[1], device=input_ids.device)
         for k in range(self.steps):
-            emb = F.embedding(shift(input_ids, k + 1), self.embed).to(hidden.dtype)
-            cos, sin = d.rope((base + (k if self.positions == "runtime" else 0))[None])
+            emb, cos, sin = self._step_inputs(input_ids, base, k, hidden.dtype)
             q, key, value = attn.project(mid.fuse(emb, hidden), cos, sin)
             keys.append(key)
             values.append(value)
             hidden = mid.feed_forward(hidden + attn.output(ttt_attention(q, keys, values)))
             out.append(hidden)
         return out
+
+    def _step_inputs(self, input_ids, base, k: int, dtype):
+        """TTT step ``k``'s inputs: the embedding of token ``t+k+1`` at anchor ``t``, and the rotary cos/sin."""
+        emb = F.embedding(shift(input_ids, k + 1), self.embed).to(dtype)
+        return (emb, *self.drafter.rope((base + (k if self.positions == "runtime" else 0))[None]))
 
     def _stepped_unroll(self, input_ids, aux_hidden) -> list[torch.Tensor]:
         """``_unroll`` one step at a time through ``_first_step`` and ``_later_step`` (compiled: ``compile_unroll``),
@@ -241,8 +246,7 @@ class TTTModel(nn.Module):
         order = torch.arange(slots, device=dev)
         out: list[torch.Tensor] = []
         for k in range(self.steps):
-            emb = F.embedding(shift(input_ids, k + 1), self.embed).to(hidden.dtype)
-            cos, sin = d.rope((base + (k if self.positions == "runtime" else 0))[None])
+            emb, cos, sin = self._step_inputs(input_ids, base, k, hidden.dtype)
             _dynamic_length((emb, 1), (hidden, 1), (cos, 2), (sin, 2))
             if k == 0:
                 hidden, k0, v0 = first(emb, hidden, cos, sin)
